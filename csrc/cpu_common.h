@@ -1,0 +1,79 @@
+// Internal helpers for the CPU kernels: host-side argument checks and widening of the
+// half-precision logit formats to float32 (bit manipulation, so no compiler extension needed).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "tlt/common.h"
+
+namespace tlt::cpu {
+
+inline void require(bool ok, const char* argument, const std::string& what) {
+  if (!ok) throw std::invalid_argument(std::string(argument) + ": " + what);
+}
+
+inline void check_common_sizes(int64_t batch, int64_t num_nodes_max) {
+  require(batch >= 0, "batch", "must be >= 0");
+  require(num_nodes_max >= 1 && num_nodes_max <= kMaxTreeNodes, "num_nodes",
+          "N must be in [1, " + std::to_string(kMaxTreeNodes) + "]");
+}
+
+inline void check_vocab(int64_t vocab) {
+  require(vocab >= 1 && vocab <= kMaxVocab, "vocab",
+          "V must be in [1, " + std::to_string(kMaxVocab) + "]");
+}
+
+inline float bits_to_float(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// bfloat16 is the upper half of a float32.
+inline float bfloat16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+
+// IEEE binary16 -> binary32, exact (every half is representable as a float).
+inline float float16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1Fu;
+  uint32_t mantissa = h & 0x3FFu;
+  if (exponent == 0x1Fu) return bits_to_float(sign | 0x7F800000u | (mantissa << 13));  // inf/nan
+  if (exponent == 0) {
+    if (mantissa == 0) return bits_to_float(sign);  // signed zero
+    // Subnormal half: normalise the mantissa.
+    exponent = 127 - 15 + 1;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    mantissa &= 0x3FFu;
+    return bits_to_float(sign | (exponent << 23) | (mantissa << 13));
+  }
+  return bits_to_float(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
+}
+
+// Widen `count` logits starting at element `offset` of a FloatType array into `out`.
+inline void load_floats(const void* data, FloatType type, int64_t offset, int64_t count,
+                        float* out) {
+  switch (type) {
+    case FloatType::kFloat32:
+      std::memcpy(out, static_cast<const float*>(data) + offset, count * sizeof(float));
+      return;
+    case FloatType::kFloat16: {
+      const uint16_t* src = static_cast<const uint16_t*>(data) + offset;
+      for (int64_t i = 0; i < count; ++i) out[i] = float16_to_float(src[i]);
+      return;
+    }
+    case FloatType::kBFloat16: {
+      const uint16_t* src = static_cast<const uint16_t*>(data) + offset;
+      for (int64_t i = 0; i < count; ++i) out[i] = bfloat16_to_float(src[i]);
+      return;
+    }
+  }
+  throw std::invalid_argument("logits: unknown FloatType");
+}
+
+}  // namespace tlt::cpu

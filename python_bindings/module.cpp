@@ -1,0 +1,203 @@
+// tlt_core._C: the thin pybind11 layer over csrc/. It takes raw data pointers (Python ints)
+// that tlt_core.ops has already validated, dispatches to the CPU or CUDA implementation, and
+// releases the GIL while a kernel runs. Argument checking beyond sizes lives in tlt_core.ops.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+
+#include "tlt/device.h"
+#include "tlt/kv_cache.h"
+#include "tlt/random.h"
+#include "tlt/tree.h"
+#include "tlt/verify.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// A device of -1 means the host; >= 0 is a CUDA device whose current stream is `stream`.
+struct Target {
+  int64_t device;
+  uintptr_t stream;
+  bool cuda() const { return device >= 0; }
+};
+
+#if defined(TLT_WITH_CUDA)
+constexpr bool kBuiltWithCuda = true;
+#else
+constexpr bool kBuiltWithCuda = false;
+#endif
+
+void require_cuda_build() {
+  if (!kBuiltWithCuda)
+    throw std::runtime_error(
+        "tlt_core was built without CUDA kernels (nvcc not found or TLT_CUDA=off); "
+        "rebuild with TLT_CUDA=on on a machine with the CUDA toolkit");
+}
+
+template <typename T>
+T* ptr(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+// Runs the CPU function or, for a CUDA target, the CUDA one (only compiled in CUDA builds).
+#if defined(TLT_WITH_CUDA)
+#define TLT_DISPATCH(target, cpu_call, cuda_call) \
+  do {                                            \
+    if ((target).cuda()) {                        \
+      tlt::cuda_set_device((target).device);      \
+      cuda_call;                                  \
+    } else {                                      \
+      cpu_call;                                   \
+    }                                             \
+  } while (0)
+#else
+#define TLT_DISPATCH(target, cpu_call, cuda_call) \
+  do {                                            \
+    if ((target).cuda()) require_cuda_build();    \
+    cpu_call;                                     \
+  } while (0)
+#endif
+
+void select_tree(uintptr_t cand_tokens, uintptr_t cand_scores, uintptr_t cand_parents,
+                 uintptr_t root_tokens, int64_t batch, int64_t num_candidates,
+                 int64_t num_nodes_max, uintptr_t tokens, uintptr_t parents,
+                 uintptr_t source_index, uintptr_t num_nodes, uintptr_t row_status,
+                 int64_t device, uintptr_t stream) {
+  const Target target{device, stream};
+  TLT_DISPATCH(target,
+               tlt::select_tree_cpu(ptr<const int64_t>(cand_tokens), ptr<const float>(cand_scores),
+                                    ptr<const int32_t>(cand_parents),
+                                    ptr<const int64_t>(root_tokens), batch, num_candidates,
+                                    num_nodes_max, ptr<int64_t>(tokens), ptr<int32_t>(parents),
+                                    ptr<int32_t>(source_index), ptr<int32_t>(num_nodes),
+                                    ptr<int32_t>(row_status)),
+               tlt::select_tree_cuda(ptr<const int64_t>(cand_tokens),
+                                     ptr<const float>(cand_scores),
+                                     ptr<const int32_t>(cand_parents),
+                                     ptr<const int64_t>(root_tokens), batch, num_candidates,
+                                     num_nodes_max, ptr<int64_t>(tokens), ptr<int32_t>(parents),
+                                     ptr<int32_t>(source_index), ptr<int32_t>(num_nodes),
+                                     ptr<int32_t>(row_status), ptr<void>(target.stream)));
+}
+
+void tree_metadata(uintptr_t parents, uintptr_t num_nodes, uintptr_t cache_len, int64_t batch,
+                   int64_t num_nodes_max, uintptr_t depths, uintptr_t positions, uintptr_t mask,
+                   uintptr_t row_status, int64_t device, uintptr_t stream) {
+  const Target target{device, stream};
+  TLT_DISPATCH(target,
+               tlt::tree_metadata_cpu(ptr<const int32_t>(parents), ptr<const int32_t>(num_nodes),
+                                      ptr<const int32_t>(cache_len), batch, num_nodes_max,
+                                      ptr<int32_t>(depths), ptr<int64_t>(positions),
+                                      ptr<int32_t>(mask), ptr<int32_t>(row_status)),
+               tlt::tree_metadata_cuda(ptr<const int32_t>(parents),
+                                       ptr<const int32_t>(num_nodes),
+                                       ptr<const int32_t>(cache_len), batch, num_nodes_max,
+                                       ptr<int32_t>(depths), ptr<int64_t>(positions),
+                                       ptr<int32_t>(mask), ptr<int32_t>(row_status),
+                                       ptr<void>(target.stream)));
+}
+
+void verify_tree_greedy(uintptr_t logits, int32_t logits_type, uintptr_t tokens,
+                        uintptr_t parents, uintptr_t num_nodes, int64_t batch,
+                        int64_t num_nodes_max, int64_t vocab, uintptr_t accept_index,
+                        uintptr_t num_accepted, uintptr_t emitted_tokens,
+                        uintptr_t emitted_logprobs, uintptr_t row_status, int64_t device,
+                        uintptr_t stream) {
+  const Target target{device, stream};
+  const auto type = static_cast<tlt::FloatType>(logits_type);
+  TLT_DISPATCH(target,
+               tlt::verify_tree_greedy_cpu(ptr<const void>(logits), type,
+                                           ptr<const int64_t>(tokens),
+                                           ptr<const int32_t>(parents),
+                                           ptr<const int32_t>(num_nodes), batch, num_nodes_max,
+                                           vocab, ptr<int32_t>(accept_index),
+                                           ptr<int32_t>(num_accepted),
+                                           ptr<int64_t>(emitted_tokens),
+                                           ptr<float>(emitted_logprobs),
+                                           ptr<int32_t>(row_status)),
+               tlt::verify_tree_greedy_cuda(ptr<const void>(logits), type,
+                                            ptr<const int64_t>(tokens),
+                                            ptr<const int32_t>(parents),
+                                            ptr<const int32_t>(num_nodes), batch, num_nodes_max,
+                                            vocab, ptr<int32_t>(accept_index),
+                                            ptr<int32_t>(num_accepted),
+                                            ptr<int64_t>(emitted_tokens),
+                                            ptr<float>(emitted_logprobs),
+                                            ptr<int32_t>(row_status), ptr<void>(target.stream)));
+}
+
+void verify_tree_sampling(uintptr_t logits, int32_t logits_type, uintptr_t draft_probs,
+                          uintptr_t tokens, uintptr_t parents, uintptr_t num_nodes,
+                          uintptr_t temperature, uintptr_t top_k, uintptr_t top_p,
+                          uintptr_t uniforms, int64_t batch, int64_t num_nodes_max,
+                          int64_t vocab, uintptr_t accept_index, uintptr_t num_accepted,
+                          uintptr_t emitted_tokens, uintptr_t emitted_logprobs,
+                          uintptr_t row_status, uintptr_t workspace, int64_t device,
+                          uintptr_t stream) {
+  const Target target{device, stream};
+  const auto type = static_cast<tlt::FloatType>(logits_type);
+  TLT_DISPATCH(
+      target,
+      tlt::verify_tree_sampling_cpu(
+          ptr<const void>(logits), type, ptr<const float>(draft_probs), ptr<const int64_t>(tokens),
+          ptr<const int32_t>(parents), ptr<const int32_t>(num_nodes),
+          ptr<const float>(temperature), ptr<const int32_t>(top_k), ptr<const float>(top_p),
+          ptr<const float>(uniforms), batch, num_nodes_max, vocab, ptr<int32_t>(accept_index),
+          ptr<int32_t>(num_accepted), ptr<int64_t>(emitted_tokens), ptr<float>(emitted_logprobs),
+          ptr<int32_t>(row_status)),
+      tlt::verify_tree_sampling_cuda(
+          ptr<const void>(logits), type, ptr<const float>(draft_probs), ptr<const int64_t>(tokens),
+          ptr<const int32_t>(parents), ptr<const int32_t>(num_nodes),
+          ptr<const float>(temperature), ptr<const int32_t>(top_k), ptr<const float>(top_p),
+          ptr<const float>(uniforms), batch, num_nodes_max, vocab, ptr<int32_t>(accept_index),
+          ptr<int32_t>(num_accepted), ptr<int64_t>(emitted_tokens), ptr<float>(emitted_logprobs),
+          ptr<int32_t>(row_status), ptr<void>(workspace), ptr<void>(target.stream)));
+}
+
+void compact_kv(uintptr_t cache, int64_t planes, int64_t batch, int64_t groups, int64_t max_len,
+                int64_t entry_bytes, uintptr_t cache_len, uintptr_t accept_index,
+                uintptr_t num_accepted, int64_t num_nodes_max, uintptr_t row_status,
+                int64_t device, uintptr_t stream) {
+  const Target target{device, stream};
+  TLT_DISPATCH(target,
+               tlt::compact_kv_cpu(ptr<void>(cache), planes, batch, groups, max_len, entry_bytes,
+                                   ptr<const int32_t>(cache_len), ptr<const int32_t>(accept_index),
+                                   ptr<const int32_t>(num_accepted), num_nodes_max,
+                                   ptr<int32_t>(row_status)),
+               tlt::compact_kv_cuda(ptr<void>(cache), planes, batch, groups, max_len,
+                                    entry_bytes, ptr<const int32_t>(cache_len),
+                                    ptr<const int32_t>(accept_index),
+                                    ptr<const int32_t>(num_accepted), num_nodes_max,
+                                    ptr<int32_t>(row_status), ptr<void>(target.stream)));
+}
+
+void philox_uniforms(uintptr_t seeds, uintptr_t offsets, int64_t batch, int64_t count,
+                     uintptr_t uniforms, int64_t device, uintptr_t stream) {
+  const Target target{device, stream};
+  TLT_DISPATCH(target,
+               tlt::philox_uniforms_cpu(ptr<const int64_t>(seeds), ptr<const int64_t>(offsets),
+                                        batch, count, ptr<float>(uniforms)),
+               tlt::philox_uniforms_cuda(ptr<const int64_t>(seeds), ptr<const int64_t>(offsets),
+                                         batch, count, ptr<float>(uniforms),
+                                         ptr<void>(target.stream)));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "tlt_core kernels (raw-pointer layer; use tlt_core.ops, which validates arguments)";
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("select_tree", &select_tree, nogil);
+  m.def("tree_metadata", &tree_metadata, nogil);
+  m.def("verify_tree_greedy", &verify_tree_greedy, nogil);
+  m.def("verify_tree_sampling", &verify_tree_sampling, nogil);
+  m.def("verify_tree_sampling_workspace_bytes", &tlt::verify_tree_sampling_workspace_bytes);
+  m.def("compact_kv", &compact_kv, nogil);
+  m.def("philox_uniforms", &philox_uniforms, nogil);
+  m.attr("built_with_cuda") = kBuiltWithCuda;
+  m.attr("max_tree_nodes") = tlt::kMaxTreeNodes;
+  m.attr("max_candidates") = tlt::kMaxCandidates;
+  m.attr("max_vocab") = tlt::kMaxVocab;
+}
