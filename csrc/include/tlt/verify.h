@@ -28,8 +28,11 @@
 namespace tlt {
 
 // ---------------------------------------------------------------------------------------
-// verify_tree_greedy: the longest path from the root whose every token equals the target's
-// argmax at its parent; the final token is the argmax at the path's last node.
+// verify_tree_greedy: walk from the root, at each node moving to the first child (sibling
+// order) whose token equals the target's argmax there; the final token is the argmax at the
+// path's last node. When siblings carry distinct tokens (select_tree's trees, a trie of n-gram
+// drafts) this is the longest path whose every token equals the target's argmax at its parent;
+// siblings with equal tokens should be merged, as only the first is followed.
 //   argmax ties resolve to the lowest token id.
 //   emitted_logprobs: log_softmax(logits[b, v]) of the emitted token at temperature 1 (greedy
 //   has no sampling distribution; this is what a trainer recomputes).
