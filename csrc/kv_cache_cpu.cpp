@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "parallel.h"
 #include "tlt/kv_cache.h"
 
 namespace tlt {
@@ -33,10 +34,9 @@ void compact_kv_cpu(void* cache, int64_t planes, int64_t batch, int64_t groups, 
                               accept_index + b * num_nodes_max, num_accepted[b]);
   char* bytes = static_cast<char*>(cache);
   const int64_t lanes = planes * batch * groups;
-#pragma omp parallel for schedule(static)
-  for (int64_t lane = 0; lane < lanes; ++lane) {
+  cpu::parallel_for(lanes, [&](int64_t lane) {
     const int64_t b = (lane / groups) % batch;
-    if (row_status[b] != kRowOk) continue;
+    if (row_status[b] != kRowOk) return;
     const int32_t* path = accept_index + b * num_nodes_max;
     char* slots = bytes + lane * max_len * entry_bytes;
     const int64_t base = cache_len[b];
@@ -46,7 +46,7 @@ void compact_kv_cpu(void* cache, int64_t planes, int64_t batch, int64_t groups, 
       std::memcpy(slots + (base + j) * entry_bytes, slots + (base + path[j]) * entry_bytes,
                   entry_bytes);
     }
-  }
+  });
 }
 
 }  // namespace tlt

@@ -1,4 +1,4 @@
-// CPU implementation of tree.h. Rows are independent, so they are split across OpenMP threads;
+// CPU implementation of tree.h. Rows are independent, so they are split across threads;
 // within a row the work is O(M log M) (selection) or O(N * depth) (metadata).
 #include <algorithm>
 #include <cmath>
@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "parallel.h"
 #include "tlt/tree.h"
 
 namespace tlt {
@@ -69,8 +70,7 @@ void select_tree_cpu(const int64_t* cand_tokens, const float* cand_scores,
   cpu::check_common_sizes(batch, num_nodes_max);
   cpu::require(num_candidates >= 0 && num_candidates <= kMaxCandidates, "cand_tokens",
                "M must be in [0, " + std::to_string(kMaxCandidates) + "]");
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t b = 0; b < batch; ++b) {
+  cpu::parallel_for(batch, [&](int64_t b) {
     const int64_t c0 = b * num_candidates, n0 = b * num_nodes_max;
     row_status[b] = select_tree_row(cand_tokens + c0, cand_scores + c0, cand_parents + c0,
                                     root_tokens[b], num_candidates, num_nodes_max, tokens + n0,
@@ -79,7 +79,7 @@ void select_tree_cpu(const int64_t* cand_tokens, const float* cand_scores,
       pad_tree_row(root_tokens[b], num_nodes_max, tokens + n0, parents + n0, source_index + n0);
       num_nodes[b] = 1;
     }
-  }
+  });
 }
 
 void tree_metadata_cpu(const int32_t* parents, const int32_t* num_nodes, const int32_t* cache_len,
@@ -87,8 +87,7 @@ void tree_metadata_cpu(const int32_t* parents, const int32_t* num_nodes, const i
                        int32_t* mask, int32_t* row_status) {
   cpu::check_common_sizes(batch, num_nodes_max);
   const int64_t n_max = num_nodes_max, words = mask_words(n_max);
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < batch; ++b) {
+  cpu::parallel_for(batch, [&](int64_t b) {
     const int32_t* row_parents = parents + b * n_max;
     int32_t* row_depths = depths + b * n_max;
     int64_t* row_positions = positions + b * n_max;
@@ -116,7 +115,7 @@ void tree_metadata_cpu(const int32_t* parents, const int32_t* num_nodes, const i
       row_positions[i] = base + row_depths[i];
     }
     row_status[b] = status;
-  }
+  });
 }
 
 }  // namespace tlt

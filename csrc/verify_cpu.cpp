@@ -1,4 +1,4 @@
-// CPU implementation of verify.h. One OpenMP task per row; inside a row the walk is
+// CPU implementation of verify.h. Rows run in parallel (parallel.h); inside a row the walk is
 // sequential and touches only the nodes it visits: each visit is a few linear passes over V
 // (load + max, top-k select, exp + sum, top-p select), so a row costs O(visited * V) instead of
 // the O(N * V log V) of transforming every node's distribution up front.
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "parallel.h"
 #include "tlt/verify.h"
 
 namespace tlt {
@@ -283,14 +284,13 @@ int32_t walk_row(const VerifyProblem& pb, int64_t b, const RowOutputs& out) {
 void verify_rows(const VerifyProblem& pb, int64_t batch, int32_t* accept_index,
                  int32_t* num_accepted, int64_t* emitted_tokens, float* emitted_logprobs,
                  int32_t* row_status) {
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t b = 0; b < batch; ++b) {
+  cpu::parallel_for(batch, [&](int64_t b) {
     const RowOutputs out{accept_index + b * pb.n_max, num_accepted + b,
                          emitted_tokens + b * pb.n_max, emitted_logprobs + b * pb.n_max};
     pad_row(pb.n_max, out);
     row_status[b] = walk_row(pb, b, out);
     if (row_status[b] != kRowOk) pad_row(pb.n_max, out);
-  }
+  });
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ whose header defines the state of a bad row (left untouched), so it returns row_
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -375,7 +375,8 @@ def _process(logits: torch.Tensor, temperature: ParamLike, top_k: ParamLike,
     # top-p: if top_p < 1, keep x iff sum_{y: e(y) > e(x)} e(y) < top_p * Z.
     e_desc = e.sort(dim=-1, descending=True).values  # [..., V]
     e_asc = e_desc.flip(-1).contiguous()  # [..., V]
-    n_greater = V - torch.searchsorted(e_asc, e.contiguous(), right=True)  # [..., V] #{y: e(y) > e(x)}
+    # n_greater[x] = #{y: e(y) > e(x)}; the n_greater largest e are exactly those y
+    n_greater = V - torch.searchsorted(e_asc, e.contiguous(), right=True)  # [..., V]
     csum = torch.cumsum(e_desc.double(), dim=-1)  # [..., V] float64
     csum_excl = torch.cat([torch.zeros_like(csum[..., :1]), csum[..., :-1]], dim=-1)  # [..., V]
     greater = csum_excl.gather(-1, n_greater).float()  # [..., V] sum_{e(y) > e(x)} e(y)
@@ -418,12 +419,24 @@ def processed_logprobs(logits: torch.Tensor, temperature: ParamLike, top_k: Para
     order), -inf for dropped tokens; T == 0: log_softmax(l) at temperature 1 (float64,
     rounded to float32). Returns [..., V] float32.
     """
-    r = _process(logits, temperature, top_k, top_p)
+    return _logprobs(_process(logits, temperature, top_k, top_p), logits)
+
+
+def _logprobs(r: _Processed, logits: torch.Tensor) -> torch.Tensor:
+    """processed_logprobs from an already processed distribution r of logits [..., V]."""
     d = r.z - r.m.unsqueeze(-1)  # [..., V] float32
     lp = d - _log32(r.S).unsqueeze(-1)  # [..., V] float32
     lp = torch.where(r.kept, lp, torch.full_like(lp, -math.inf))  # [..., V]
     ls = torch.log_softmax(logits.to(torch.float64), dim=-1).float()  # [..., V]
     return torch.where(r.greedy.unsqueeze(-1), ls, lp)  # [..., V]
+
+
+def _node_distribution(l: torch.Tensor, temperature: ParamLike, top_k: ParamLike,
+                       top_p: ParamLike) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w [V], S [], log p [V]) at one tree node: processed_target_probs and
+    processed_logprobs of l [V] from a single _process call."""
+    r = _process(l, temperature, top_k, top_p)
+    return r.w, r.S, _logprobs(r, l)
 
 
 # ---------------------------------------------------------------------------------------
@@ -471,9 +484,8 @@ def verify_tree_greedy(logits: torch.Tensor, tokens: torch.Tensor, parents: torc
         while True:
             l = logits[b, v].to(torch.float32)  # [V]
             _check_logits(l, f"row {b} node {v}")
-            w, _ = processed_target_probs(l, 0.0)  # [V] one_hot(argmax)
+            w, _, lp = _node_distribution(l, 0.0, 0, 1.0)  # [V] one_hot(argmax), [V] log_softmax
             a = int(_argmax_lowest(w))
-            lp = processed_logprobs(l, 0.0)  # [V] log_softmax at T = 1
             nxt = next((c for c in _children(parents[b], nb, v) if int(tokens[b, c]) == a), None)
             emitted.append((a, float(lp[a])))
             if nxt is None:
@@ -565,8 +577,7 @@ def verify_tree_sampling(logits: torch.Tensor, tokens: torch.Tensor, parents: to
         while True:
             l = logits[b, v].to(torch.float32)  # [V]
             _check_logits(l, f"row {b} node {v}")
-            w_fresh, S_fresh = processed_target_probs(l, temp[b], topk[b], topp[b])  # [V], []
-            lp = processed_logprobs(l, temp[b], topk[b], topp[b])  # [V]
+            w_fresh, S_fresh, lp = _node_distribution(l, temp[b], topk[b], topp[b])  # [V], [], [V]
             w = w_fresh.clone()  # [V]
             S = S_fresh.clone()  # [] float32
             accepted = None
@@ -587,7 +598,7 @@ def verify_tree_sampling(logits: torch.Tensor, tokens: torch.Tensor, parents: to
                     if bool((u * q[x]) * S < w[x]):
                         accepted = c
                         break
-                    w_new = res_fn(w, q, S).to(torch.float32)  # [V]
+                    w_new = res_fn(w.clone(), q, S.clone()).to(torch.float32)  # [V]
                     S_new = _sum32(w_new)  # []
                     if bool(S_new != 0):
                         w, S = w_new, S_new
@@ -631,7 +642,8 @@ def compact_kv_(cache: torch.Tensor, accept_index: torch.Tensor, num_accepted: t
     dims form one token's entry). For each row b and j = 0..num_accepted[b], in increasing
     j, copies slot cache_len[b] + accept_index[b, j] to slot cache_len[b] + j in every plane
     and group. A row is left untouched and flagged kRowBadCacheRange (7) when a slot would
-    leave [0, T), when accept_index[b, 0..num_accepted[b]] is not strictly increasing, or
+    leave [0, T), when accept_index[b, 0..num_accepted[b]] is not strictly increasing with
+    accept_index[b, j] >= j (a failed verification's row, accept_index[b, 0] = -1, is one), or
     when num_accepted[b] is outside [0, N) (the path would not fit in accept_index).
     Returns row_status [B] int32.
     """
@@ -651,7 +663,8 @@ def compact_kv_(cache: torch.Tensor, accept_index: torch.Tensor, num_accepted: t
             status[b] = ROW_BAD_CACHE_RANGE
             continue
         path = [int(a) for a in accept_index[b, : na + 1]]
-        in_range = all(0 <= L + a < T for a in path) and all(0 <= L + j < T for j in range(na + 1))
+        in_range = (all(0 <= L + a < T for a in path) and all(0 <= L + j < T for j in range(na + 1))
+                    and all(a >= j for j, a in enumerate(path)))
         increasing = all(path[j] < path[j + 1] for j in range(na))
         if not (in_range and increasing):
             status[b] = ROW_BAD_CACHE_RANGE

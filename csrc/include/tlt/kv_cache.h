@@ -20,9 +20,11 @@
 namespace tlt {
 
 // accept_index[B, N] int32 and num_accepted[B] int32 are verify_tree_*'s outputs;
-// cache_len[B] int32. Rows whose cache_len[b] + accept_index[b, j] or cache_len[b] + j is
-// outside [0, T), or whose path is not increasing, are left untouched and flagged in
-// row_status[B] (kRowBadCacheRange). Any entry size E >= 1 byte works.
+// cache_len[B] int32. A row is left untouched and flagged in row_status[B]
+// (kRowBadCacheRange) when num_accepted[b] is outside [0, N), when cache_len[b] +
+// accept_index[b, j] or cache_len[b] + j leaves [0, T), or when its path is not strictly
+// increasing with accept_index[b, j] >= j (a failed verification's padded row,
+// accept_index[b, 0] = -1, is such a row). Any entry size E >= 1 byte works.
 void compact_kv_cpu(void* cache, int64_t planes, int64_t batch, int64_t groups, int64_t max_len,
                     int64_t entry_bytes, const int32_t* cache_len, const int32_t* accept_index,
                     const int32_t* num_accepted, int64_t num_nodes_max, int32_t* row_status);
