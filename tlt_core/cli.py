@@ -1,0 +1,91 @@
+"""The `tlt` command. Subcommands:
+
+  tlt bench kernels   fused kernels vs their PyTorch reference, side by side (see
+                      tlt_core.bench.kernels); --json FILE writes the rows
+  tlt demo            one speculative verification step on a toy tree, explained
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tlt", description="tlt_core: fused tree speculative decoding for RL rollouts.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    bench = commands.add_parser("bench", help="benchmarks, each a ratio against a baseline")
+    bench_kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    kernels = bench_kinds.add_parser(
+        "kernels", help="fused kernels vs the PyTorch reference, side by side",
+        description="Times each fused kernel against its pure-PyTorch reference "
+                    "(tlt_core.ops.reference) in one run, on EAGLE-shaped draft trees. "
+                    "Cases whose logits exceed 1 GiB are skipped.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    kernels.add_argument("--json", type=Path, metavar="FILE",
+                         help="write the result rows (op, B, N, V, fused_us, reference_us, "
+                              "speedup, mean_accepted) as a JSON list")
+    kernels.add_argument("--batch", type=_int_list, default=[1, 4, 16, 64],
+                         help="batch sizes B, comma-separated")
+    kernels.add_argument("--nodes", type=_int_list, default=[8, 32, 64],
+                         help="tree sizes N, comma-separated")
+    kernels.add_argument("--vocab", type=_int_list, default=[32000, 151936],
+                         help="vocabulary sizes V, comma-separated")
+    kernels.add_argument("--ops", default="verify_tree_sampling,verify_tree_greedy",
+                         help="kernels to time, comma-separated")
+    kernels.add_argument("--reference-reps", type=int, default=1,
+                         help="timed runs of the (slow) reference per case; the median is kept")
+    kernels.add_argument("--quick", action="store_true",
+                         help="a 1-minute smoke run: B in {1,4}, N in {8}, V in {32000}")
+    kernels.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    commands.add_parser("demo", help="one verification step on a toy tree, explained")
+    return parser
+
+
+def run_bench_kernels(args: argparse.Namespace) -> int:
+    from tlt_core.bench import kernels
+
+    batches, nodes, vocabs = args.batch, args.nodes, args.vocab
+    if args.quick:
+        batches, nodes, vocabs = [1, 4], [8], [32000]
+    results = kernels.run(ops_to_time=[op for op in args.ops.split(",") if op],
+                          batches=batches, nodes=nodes, vocabs=vocabs,
+                          reference_reps=args.reference_reps, progress=not args.no_progress)
+    print(kernels.format_table(results))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(kernels.as_rows(results), indent=1) + "\n")
+        print(f"wrote {len(results)} rows to {args.json}")
+    return 0
+
+
+def run_demo(_: argparse.Namespace) -> int:
+    from tlt_core.demo import main as demo_main
+
+    return demo_main()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "bench" and args.bench == "kernels":
+        return run_bench_kernels(args)
+    if args.command == "demo":
+        return run_demo(args)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
