@@ -27,7 +27,7 @@ void compact_kv_cpu(void* cache, int64_t planes, int64_t batch, int64_t groups, 
                     const int32_t* num_accepted, int64_t num_nodes_max, int32_t* row_status) {
   cpu::check_common_sizes(batch, num_nodes_max);
   cpu::require(planes >= 0 && groups >= 0, "cache", "planes and groups must be >= 0");
-  cpu::require(max_len >= 1, "cache", "max_len must be >= 1");
+  cpu::require(max_len >= 0, "cache", "max_len must be >= 0");
   cpu::require(entry_bytes >= 1, "cache", "entry_bytes must be >= 1");
   for (int64_t b = 0; b < batch; ++b)
     row_status[b] = check_row(max_len, num_nodes_max, cache_len[b],

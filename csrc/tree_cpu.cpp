@@ -35,7 +35,9 @@ int32_t select_tree_row(const int64_t* cand_tokens, const float* cand_scores,
   for (int64_t m = 0; m < num_candidates; ++m) {
     const int32_t parent = cand_parents[m];
     if (parent < -1 || parent >= m) return kRowBadParent;
-    const float score = cand_scores[m];
+    // NaN ranks like -inf (never kept), so a NaN parent cannot leave an orphan child.
+    const float score = std::isnan(cand_scores[m]) ? -std::numeric_limits<float>::infinity()
+                                                   : cand_scores[m];
     eff[m] = parent < 0 ? score : std::min(score, eff[parent]);
     depth[m] = parent < 0 ? 1 : depth[parent] + 1;
     if (eff[m] > -std::numeric_limits<float>::infinity()) ranked.push_back(static_cast<int32_t>(m));

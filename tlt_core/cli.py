@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     kernels.add_argument("--json", type=Path, metavar="FILE",
                          help="write the result rows (op, B, N, V, fused_us, reference_us, "
-                              "speedup, mean_accepted) as a JSON list")
+                              "speedup, mean_accepted, device, baseline) as a JSON list")
     kernels.add_argument("--batch", type=_int_list, default=[1, 4, 16, 64],
                          help="batch sizes B, comma-separated")
     kernels.add_argument("--nodes", type=_int_list, default=[8, 32, 64],
@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="timed runs of the (slow) reference per case; the median is kept")
     kernels.add_argument("--quick", action="store_true",
                          help="a 1-minute smoke run: B in {1,4}, N in {8}, V in {32000}")
+    kernels.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                         help="where the fused kernels run (the reference always runs on cpu)")
+    kernels.add_argument("--baseline", choices=["reference", "cpu_fused"], default="reference",
+                         help="what the fused kernel is compared with: the PyTorch reference, "
+                              "or (with --device cuda) our CPU kernel")
     kernels.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     commands.add_parser("demo", help="one verification step on a toy tree, explained")
@@ -63,7 +68,8 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
         batches, nodes, vocabs = [1, 4], [8], [32000]
     results = kernels.run(ops_to_time=[op for op in args.ops.split(",") if op],
                           batches=batches, nodes=nodes, vocabs=vocabs,
-                          reference_reps=args.reference_reps, progress=not args.no_progress)
+                          reference_reps=args.reference_reps, progress=not args.no_progress,
+                          device=args.device, baseline=args.baseline)
     print(kernels.format_table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

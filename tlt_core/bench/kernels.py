@@ -8,7 +8,8 @@ the tree shape cannot pass for a speedup).
 
 The reference transforms every node's distribution with vectorised PyTorch (temperature,
 sort-based top-k / top-p, softmax) and then walks the tree in Python; the fused kernel touches
-only the nodes its walk visits.
+only the nodes its walk visits. With device="cuda" the fused kernel runs on the GPU and the reference
+(the oracle, CPU-only) on the CPU, so those ratios compare a GPU kernel with a CPU baseline.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ class KernelCase:
     B: int
     N: int
     V: int
-    fused_us: float
-    reference_us: float
-    speedup: float
-    mean_accepted: float
+    fused_us: float  # tlt_core's kernel on `device`
+    reference_us: float  # the baseline: the PyTorch reference, or the CPU kernel
+    speedup: float  # reference_us / fused_us
+    mean_accepted: float  # draft tokens the walk accepted per row
+    device: str
+    baseline: str  # "reference" (tlt_core.ops.reference) or "cpu_fused" (our CPU kernel)
 
 
 @dataclass(frozen=True)
@@ -97,38 +100,65 @@ def make_inputs(batch: int, num_nodes: int, vocab: int, buffer: torch.Tensor,
 
 
 def median_seconds(fn: Callable[[], object], min_time: float, max_reps: int,
-                   warm_up: bool = True) -> float:
+                   warm_up: bool = True, cuda: bool = False) -> float:
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     if warm_up:
-        fn()  # thread pool, scratch buffers
+        fn()  # thread pool, scratch buffers, CUDA context
+    sync()
     times = []
     start = time.perf_counter()
     while len(times) < max_reps and (not times or time.perf_counter() - start < min_time):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def time_case(op: str, inputs: BenchInputs, reference_reps: int) -> KernelCase:
-    x = inputs
+def on_device(inputs: BenchInputs, device: str) -> BenchInputs:
+    return BenchInputs(*(t.to(device) for t in (inputs.logits, inputs.tokens, inputs.parents,
+                                                inputs.uniforms)))
+
+
+def fused_call(op: str, x: BenchInputs) -> Callable[[], ops.VerifyOutput]:
     if op == "verify_tree_sampling":
-        fused = lambda: ops.verify_tree_sampling(
+        return lambda: ops.verify_tree_sampling(
             x.logits, x.tokens, x.parents, temperature=TEMPERATURE, top_k=TOP_K, top_p=TOP_P,
             uniforms=x.uniforms, validate=False)
-        oracle = lambda: reference.verify_tree_sampling(
-            x.logits, x.tokens, x.parents, TEMPERATURE, TOP_K, TOP_P, x.uniforms)
-    elif op == "verify_tree_greedy":
-        fused = lambda: ops.verify_tree_greedy(x.logits, x.tokens, x.parents, validate=False)
-        oracle = lambda: reference.verify_tree_greedy(x.logits, x.tokens, x.parents)
+    if op == "verify_tree_greedy":
+        return lambda: ops.verify_tree_greedy(x.logits, x.tokens, x.parents, validate=False)
+    raise ValueError(f"op: unknown kernel benchmark {op!r}")
+
+
+def reference_call(op: str, x: BenchInputs) -> Callable[[], object]:
+    if op == "verify_tree_sampling":
+        return lambda: reference.verify_tree_sampling(x.logits, x.tokens, x.parents, TEMPERATURE,
+                                                      TOP_K, TOP_P, x.uniforms)
+    return lambda: reference.verify_tree_greedy(x.logits, x.tokens, x.parents)
+
+
+def time_case(op: str, inputs: BenchInputs, reference_reps: int, device: str = "cpu",
+              baseline: str = "reference") -> KernelCase:
+    """The fused kernel runs on `device`; the baseline on the CPU: the PyTorch reference (the
+    oracle) or, with baseline="cpu_fused", our own CPU kernel (GPU-vs-CPU ratios)."""
+    fast = on_device(inputs, device)
+    fused = fused_call(op, fast)
+    if baseline == "reference":
+        slow = reference_call(op, inputs)
+    elif baseline == "cpu_fused":
+        slow = fused_call(op, inputs)
     else:
-        raise ValueError(f"op: unknown kernel benchmark {op!r}")
+        raise ValueError(f"baseline: expected 'reference' or 'cpu_fused', got {baseline!r}")
     accepted = float(fused().num_accepted.float().mean())
-    fused_s = median_seconds(fused, min_time=0.3, max_reps=50)
-    # The reference runs `reference_reps` times (it takes seconds on large cases), no warm-up.
-    reference_s = median_seconds(oracle, min_time=0.0, max_reps=reference_reps, warm_up=False)
-    B, N, V = x.logits.shape
+    fused_s = median_seconds(fused, min_time=0.3, max_reps=50, cuda=device == "cuda")
+    if baseline == "reference":
+        # `reference_reps` runs, no warm-up: the reference takes seconds on large cases.
+        reference_s = median_seconds(slow, min_time=0.0, max_reps=reference_reps, warm_up=False)
+    else:
+        reference_s = median_seconds(slow, min_time=0.3, max_reps=50)
+    B, N, V = inputs.logits.shape
     return KernelCase(op, B, N, V, fused_s * 1e6, reference_s * 1e6, reference_s / fused_s,
-                      accepted)
+                      accepted, device, baseline)
 
 
 def cases(batches: Iterable[int], nodes: Iterable[int], vocabs: Iterable[int]):
@@ -141,8 +171,8 @@ def cases(batches: Iterable[int], nodes: Iterable[int], vocabs: Iterable[int]):
 
 def run(ops_to_time: Iterable[str] = ("verify_tree_sampling", "verify_tree_greedy"),
         batches: Iterable[int] = BATCHES, nodes: Iterable[int] = NODES,
-        vocabs: Iterable[int] = VOCABS, reference_reps: int = 3, progress: bool = True
-        ) -> list[KernelCase]:
+        vocabs: Iterable[int] = VOCABS, reference_reps: int = 1, progress: bool = True,
+        device: str = "cpu", baseline: str = "reference") -> list[KernelCase]:
     from tqdm import tqdm
 
     plan = list(cases(batches, nodes, vocabs))
@@ -157,7 +187,7 @@ def run(ops_to_time: Iterable[str] = ("verify_tree_sampling", "verify_tree_greed
         inputs = make_inputs(B, N, V, buffers[V], seed=B * 1000 + N)
         for op in ops_to_time:
             bar.set_description(f"{op} B={B} N={N} V={V}")
-            results.append(time_case(op, inputs, reference_reps))
+            results.append(time_case(op, inputs, reference_reps, device, baseline))
             bar.update()
     bar.close()
     return results
@@ -168,7 +198,8 @@ def as_rows(results: list[KernelCase]) -> list[dict]:
 
 
 def format_table(results: list[KernelCase]) -> str:
-    lines = [f"{'op':<22}{'B':>4}{'N':>4}{'V':>8}{'fused_us':>12}{'reference_us':>14}"
+    baseline = results[0].baseline if results else "reference"
+    lines = [f"{'op':<22}{'B':>4}{'N':>4}{'V':>8}{'fused_us':>12}{baseline + '_us':>14}"
              f"{'speedup':>9}{'accepted':>9}"]
     for r in results:
         lines.append(f"{r.op:<22}{r.B:>4}{r.N:>4}{r.V:>8}{r.fused_us:>12.1f}"

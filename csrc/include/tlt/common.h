@@ -27,8 +27,8 @@ enum class FloatType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 // Per-row status codes written to `row_status[B]`. 0 means the row is valid.
 enum RowStatus : int32_t {
   kRowOk = 0,
-  kRowBadLogits = 1,      // a visited logit is NaN or +inf, or all logits of a node are -inf
-  kRowBadToken = 2,       // a valid node's token id is outside [0, V)
+  kRowBadLogits = 1,      // a visited logit (or l / T) is NaN or +inf, or all are -inf
+  kRowBadToken = 2,       // a valid non-root node's token id is outside [0, V)
   kRowBadParent = 3,      // a valid node's parent is not in [0, i)
   kRowBadDraftProbs = 4,  // a visited q row is negative / non-finite / does not sum to 1 (1e-3)
   kRowBadNumNodes = 5,    // num_nodes[b] outside [1, N]

@@ -23,8 +23,8 @@ namespace tlt {
 // cache_len[B] int32. A row is left untouched and flagged in row_status[B]
 // (kRowBadCacheRange) when num_accepted[b] is outside [0, N), when cache_len[b] +
 // accept_index[b, j] or cache_len[b] + j leaves [0, T), or when its path is not strictly
-// increasing with accept_index[b, j] >= j (a failed verification's padded row,
-// accept_index[b, 0] = -1, is such a row). Any entry size E >= 1 byte works.
+// increasing with accept_index[b, j] >= j. (A failed verification's row, num_accepted 0 and
+// accept_index[b, 0] = 0, is a valid no-op.) Any entry size E >= 1 byte works.
 void compact_kv_cpu(void* cache, int64_t planes, int64_t batch, int64_t groups, int64_t max_len,
                     int64_t entry_bytes, const int32_t* cache_len, const int32_t* accept_index,
                     const int32_t* num_accepted, int64_t num_nodes_max, int32_t* row_status);

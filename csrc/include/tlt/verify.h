@@ -75,7 +75,7 @@ void verify_tree_greedy_cuda(const void* logits, FloatType logits_type, const in
 //     on acceptance: emit x, move to v = c and start again with a fresh p_c.
 //   when no child is accepted (or v is a leaf): emit the final token from w / S with u[b, 0]:
 //     the smallest x whose running sum sum_{y <= x} w(y) exceeds u[b, 0] * S; if rounding
-//     leaves none, the largest x with w(x) > 0; if w is all zero, argmax of p_v.
+//     leaves none, the largest x with w(x) > 0; if w is all zero, argmax of l (lowest id).
 // Emitted log-probabilities are those of the distribution the token was emitted from before
 // any rejection at that node: T > 0: z(x) - m - log(S_v) with S_v the fresh sum at v;
 // T == 0: log_softmax(l)(x) at temperature 1.
