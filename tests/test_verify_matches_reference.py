@@ -175,3 +175,51 @@ def test_greedy_accepts_exactly_the_longest_matching_path(seed):
         assert out.accept_index[b, :len(path)].tolist() == path
         assert int(out.num_accepted[b]) == len(path) - 1
         assert int(out.emitted_tokens[b, len(path) - 1]) == int(case.logits[b, path[-1]].argmax())
+
+
+# ---- property-based sweep: any small tree shape, any sampling setting ------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def verification_problems(draw):
+    batch = draw(st.integers(1, 4))
+    n_max = draw(st.integers(1, 12))
+    vocab = draw(st.integers(1, 24))
+    shape = draw(st.sampled_from(["random", "star", "chain"]))
+    parents = [[-1] + [draw(st.integers(0, i - 1)) if shape == "random" else
+                       (0 if shape == "star" else i - 1) for i in range(1, n_max)]
+               for _ in range(batch)]
+    num_nodes = [draw(st.integers(1, n_max)) for _ in range(batch)]
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (batch, n_max), generator=g)
+    logits = torch.randn(batch, n_max, vocab, generator=g) * draw(st.sampled_from([0.0, 1.0, 4.0]))
+    for b in range(batch):  # make acceptance likely along some edges
+        for i in range(1, n_max):
+            if float(torch.rand(1, generator=g)) < 0.5:
+                logits[b, parents[b][i], tokens[b, i]] += 5.0
+    setting = dict(temperature=draw(st.sampled_from([0.0, 1e-3, 0.5, 1.0, 2.0])),
+                   top_k=draw(st.sampled_from([0, 1, 2, 5, 100])),
+                   top_p=draw(st.sampled_from([1.0, 0.9, 0.5, 1e-6])))
+    sampled = draw(st.booleans())
+    draft_probs = (torch.softmax(torch.randn(batch, n_max, vocab, generator=g) * 2, -1)
+                   if sampled else None)
+    uniforms = torch.rand(batch, n_max, generator=g)
+    return (logits, tokens, torch.tensor(parents, dtype=torch.int32),
+            torch.tensor(num_nodes, dtype=torch.int32), setting, draft_probs, uniforms)
+
+
+@settings(max_examples=150, deadline=None)
+@given(verification_problems())
+def test_any_small_problem_matches_reference(problem):
+    logits, tokens, parents, num_nodes, setting, draft_probs, uniforms = problem
+    kernel = ops.verify_tree_sampling(logits, tokens, parents, uniforms=uniforms,
+                                      draft_probs=draft_probs, num_nodes=num_nodes, **setting)
+    oracle = reference.verify_tree_sampling(logits, tokens, parents, setting["temperature"],
+                                            setting["top_k"], setting["top_p"], uniforms,
+                                            draft_probs=draft_probs, num_nodes=num_nodes)
+    assert_same(kernel, oracle)
+    greedy = ops.verify_tree_greedy(logits, tokens, parents, num_nodes)
+    assert_same(greedy, reference.verify_tree_greedy(logits, tokens, parents, num_nodes))

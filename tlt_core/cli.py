@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="tree sizes N, comma-separated")
     kernels.add_argument("--vocab", type=_int_list, default=[32000, 151936],
                          help="vocabulary sizes V, comma-separated")
-    kernels.add_argument("--ops", default="verify_tree_sampling,verify_tree_greedy",
+    kernels.add_argument("--ops", default="verify_tree_sampling,verify_tree_greedy,select_tree,"
+                                          "tree_metadata,compact_kv_",
                          help="kernels to time, comma-separated")
     kernels.add_argument("--reference-reps", type=int, default=1,
                          help="timed runs of the (slow) reference per case; the median is kept")

@@ -2,7 +2,8 @@
 side by side in one run, on EAGLE-shaped draft trees with realistic acceptance.
 
 Cases: B in {1, 4, 16, 64}, N in {8, 32, 64}, V in {32000, 151936}; a case whose logits would
-exceed 1 GiB is skipped. Each row of the result: op, B, N, V, fused_us, reference_us, speedup
+exceed 1 GiB is skipped. The V-independent ops (select_tree on EAGLE-2 candidates, tree_metadata,
+compact_kv_ on a bfloat16 (8, 2, B, 4, 256 + N, 64) cache) are timed once per (B, N), with V = 0. Each row of the result: op, B, N, V, fused_us, reference_us, speedup
 (reference_us / fused_us), mean_accepted (the acceptance the walk saw, so a silent regression in
 the tree shape cannot pass for a speedup).
 
@@ -46,16 +47,23 @@ class KernelCase:
     baseline: str  # "reference" (tlt_core.ops.reference) or "cpu_fused" (our CPU kernel)
 
 
+# V-independent ops: timed once per (B, N), reported with V = 0.
+TREE_OPS = ("select_tree", "tree_metadata", "compact_kv_")
+# KV cache of the compaction benchmark: a small model's (layers, 2, B, H_kv, T, head_dim).
+CACHE_LAYERS, CACHE_HEADS, CACHE_HEAD_DIM, CACHE_PREFIX = 8, 4, 64, 256
+
+
 @dataclass(frozen=True)
 class BenchInputs:
     logits: torch.Tensor  # (B, N, V) float32
     tokens: torch.Tensor  # (B, N) int64
     parents: torch.Tensor  # (B, N) int32
     uniforms: torch.Tensor  # (B, N) float32
+    candidates: tuple  # select_tree's inputs: (B, M) tokens, scores, parents and (B,) roots
 
 
-def eagle_tree(batch: int, num_nodes: int, generator: torch.Generator):
-    """Trees as EAGLE-2 builds them: depth-D top-K expansion, best N by cumulative score."""
+def eagle_candidates(batch: int, num_nodes: int, generator: torch.Generator) -> tuple:
+    """Per-depth top-K expansions as EAGLE-2 produces them (depth-D, top-K)."""
     depth, topk = (4, 2) if num_nodes <= 8 else (6, 8)
     tokens, scores, parents = [], [], []
     for _ in range(batch):
@@ -75,10 +83,8 @@ def eagle_tree(batch: int, num_nodes: int, generator: torch.Generator):
         tokens.append(row_tokens)
         scores.append(row_scores)
         parents.append(row_parents)
-    tree = ops.select_tree(torch.tensor(tokens), torch.tensor(scores, dtype=torch.float32),
-                           torch.tensor(parents, dtype=torch.int32),
-                           torch.zeros(batch, dtype=torch.int64), num_nodes=num_nodes)
-    return tree
+    return (torch.tensor(tokens), torch.tensor(scores, dtype=torch.float32),
+            torch.tensor(parents, dtype=torch.int32), torch.zeros(batch, dtype=torch.int64))
 
 
 def make_inputs(batch: int, num_nodes: int, vocab: int, buffer: torch.Tensor,
@@ -86,7 +92,8 @@ def make_inputs(batch: int, num_nodes: int, vocab: int, buffer: torch.Tensor,
     """Logits view into a shared random buffer; at each node the target strongly prefers its
     first child's token 80% of the time, so walks accept 2-3 tokens, as trained drafters do."""
     g = torch.Generator().manual_seed(seed)
-    tree = eagle_tree(batch, num_nodes, g)
+    candidates = eagle_candidates(batch, num_nodes, g)
+    tree = ops.select_tree(*candidates, num_nodes=num_nodes)
     tokens = torch.randint(0, vocab, (batch, num_nodes), generator=g)
     tokens[:, 0] = 0
     logits = buffer[: batch * num_nodes * vocab].view(batch, num_nodes, vocab).clone()
@@ -96,7 +103,7 @@ def make_inputs(batch: int, num_nodes: int, vocab: int, buffer: torch.Tensor,
             if len(kids) and float(torch.rand(1, generator=g)) < 0.8:
                 logits[b, node, tokens[b, int(kids[0])]] = 12.0
     uniforms = torch.rand(batch, num_nodes, generator=g)
-    return BenchInputs(logits, tokens, tree.parents, uniforms)
+    return BenchInputs(logits, tokens, tree.parents, uniforms, candidates)
 
 
 def median_seconds(fn: Callable[[], object], min_time: float, max_reps: int,
@@ -117,7 +124,19 @@ def median_seconds(fn: Callable[[], object], min_time: float, max_reps: int,
 
 def on_device(inputs: BenchInputs, device: str) -> BenchInputs:
     return BenchInputs(*(t.to(device) for t in (inputs.logits, inputs.tokens, inputs.parents,
-                                                inputs.uniforms)))
+                                                inputs.uniforms)),
+                       tuple(t.to(device) for t in inputs.candidates))
+
+
+def compaction_problem(x: BenchInputs) -> tuple:
+    """(cache, accept_index, num_accepted, cache_len) for the compaction benchmark, from the
+    greedy verification of the case's tree."""
+    B, N = x.tokens.shape
+    out = ops.verify_tree_greedy(x.logits, x.tokens, x.parents)
+    cache = torch.zeros(CACHE_LAYERS, 2, B, CACHE_HEADS, CACHE_PREFIX + N, CACHE_HEAD_DIM,
+                        dtype=torch.bfloat16, device=x.logits.device)
+    cache_len = torch.full((B,), CACHE_PREFIX, dtype=torch.int32, device=x.logits.device)
+    return cache, out.accept_index, out.num_accepted, cache_len
 
 
 def fused_call(op: str, x: BenchInputs) -> Callable[[], ops.VerifyOutput]:
@@ -127,6 +146,13 @@ def fused_call(op: str, x: BenchInputs) -> Callable[[], ops.VerifyOutput]:
             uniforms=x.uniforms, validate=False)
     if op == "verify_tree_greedy":
         return lambda: ops.verify_tree_greedy(x.logits, x.tokens, x.parents, validate=False)
+    if op == "select_tree":
+        return lambda: ops.select_tree(*x.candidates, num_nodes=x.tokens.shape[1])
+    if op == "tree_metadata":
+        return lambda: ops.tree_metadata(x.parents)
+    if op == "compact_kv_":
+        problem = compaction_problem(x)
+        return lambda: ops.compact_kv_(*problem)
     raise ValueError(f"op: unknown kernel benchmark {op!r}")
 
 
@@ -134,6 +160,14 @@ def reference_call(op: str, x: BenchInputs) -> Callable[[], object]:
     if op == "verify_tree_sampling":
         return lambda: reference.verify_tree_sampling(x.logits, x.tokens, x.parents, TEMPERATURE,
                                                       TOP_K, TOP_P, x.uniforms)
+    if op == "select_tree":
+        return lambda: reference.select_tree(*x.candidates, x.tokens.shape[1])
+    if op == "tree_metadata":
+        return lambda: reference.tree_metadata(x.parents)
+    if op == "compact_kv_":
+        cache, accept_index, num_accepted, cache_len = compaction_problem(x)
+        planes = cache.view(-1, *cache.shape[2:])  # reference layout (P, B, G, T, E)
+        return lambda: reference.compact_kv_(planes, accept_index, num_accepted, cache_len)
     return lambda: reference.verify_tree_greedy(x.logits, x.tokens, x.parents)
 
 
@@ -149,7 +183,7 @@ def time_case(op: str, inputs: BenchInputs, reference_reps: int, device: str = "
         slow = fused_call(op, inputs)
     else:
         raise ValueError(f"baseline: expected 'reference' or 'cpu_fused', got {baseline!r}")
-    accepted = float(fused().num_accepted.float().mean())
+    accepted = float(fused_call("verify_tree_greedy", fast)().num_accepted.float().mean())
     fused_s = median_seconds(fused, min_time=0.3, max_reps=50, cuda=device == "cuda")
     if baseline == "reference":
         # `reference_reps` runs, no warm-up: the reference takes seconds on large cases.
@@ -157,6 +191,7 @@ def time_case(op: str, inputs: BenchInputs, reference_reps: int, device: str = "
     else:
         reference_s = median_seconds(slow, min_time=0.3, max_reps=50)
     B, N, V = inputs.logits.shape
+    V = 0 if op in TREE_OPS else V
     return KernelCase(op, B, N, V, fused_s * 1e6, reference_s * 1e6, reference_s / fused_s,
                       accepted, device, baseline)
 
@@ -169,7 +204,7 @@ def cases(batches: Iterable[int], nodes: Iterable[int], vocabs: Iterable[int]):
                     yield B, N, V
 
 
-def run(ops_to_time: Iterable[str] = ("verify_tree_sampling", "verify_tree_greedy"),
+def run(ops_to_time: Iterable[str] = ("verify_tree_sampling", "verify_tree_greedy") + TREE_OPS,
         batches: Iterable[int] = BATCHES, nodes: Iterable[int] = NODES,
         vocabs: Iterable[int] = VOCABS, reference_reps: int = 1, progress: bool = True,
         device: str = "cpu", baseline: str = "reference") -> list[KernelCase]:
@@ -178,6 +213,7 @@ def run(ops_to_time: Iterable[str] = ("verify_tree_sampling", "verify_tree_greed
     plan = list(cases(batches, nodes, vocabs))
     ops_to_time = list(ops_to_time)
     results = []
+    timed_tree_shapes = set()
     bar = tqdm(total=len(plan) * len(ops_to_time), disable=not progress, unit="case")
     buffers: dict[int, torch.Tensor] = {}
     for B, N, V in plan:
@@ -186,9 +222,12 @@ def run(ops_to_time: Iterable[str] = ("verify_tree_sampling", "verify_tree_greed
             buffers = {V: torch.randn(largest * V, generator=torch.Generator().manual_seed(V)) * 2}
         inputs = make_inputs(B, N, V, buffers[V], seed=B * 1000 + N)
         for op in ops_to_time:
+            bar.update()
+            if op in TREE_OPS and (op, B, N) in timed_tree_shapes:
+                continue
+            timed_tree_shapes.add((op, B, N))
             bar.set_description(f"{op} B={B} N={N} V={V}")
             results.append(time_case(op, inputs, reference_reps, device, baseline))
-            bar.update()
     bar.close()
     return results
 
