@@ -104,6 +104,17 @@ def _logits_input(logits: Any, name: str = "logits") -> torch.Tensor:
     return logits_t
 
 
+def _verify_inputs(logits: Any, tokens: Any, parents: Any, num_nodes: Any):
+    """The tree and logits of a verifier, checked against each other."""
+    logits_t = _logits_input(logits)
+    batch, n_max, _ = logits_t.shape
+    tokens_t, parents_t, num_nodes_t = _tree_inputs(tokens, parents, num_nodes, logits_t.device,
+                                                    batch)
+    if parents_t.shape[1] != n_max:
+        raise ValueError(f"parents: has {parents_t.shape[1]} nodes but logits has N = {n_max}")
+    return logits_t, tokens_t, parents_t, num_nodes_t
+
+
 def select_tree(cand_tokens: Any, cand_scores: Any, cand_parents: Any, root_tokens: Any,
                 num_nodes: int) -> DraftTree:
     """Keep the best `num_nodes - 1` draft candidates (plus the root) by cumulative draft
@@ -200,13 +211,8 @@ def verify_tree_greedy(logits: Any, tokens: Any, parents: Any, num_nodes: Any = 
     emitted_logprobs are log_softmax(logits) at temperature 1 of the emitted tokens.
     validate=False skips the host-side checks and the row-status check (no host sync).
     """
-    kind = arr.array_kind(logits)
-    logits_t = _logits_input(logits)
-    device = logits_t.device
-    batch, n_max, vocab = logits_t.shape
-    tokens_t, parents_t, num_nodes_t = _tree_inputs(tokens, parents, num_nodes, device, batch)
-    if parents_t.shape[1] != n_max:
-        raise ValueError(f"parents: has {parents_t.shape[1]} nodes but logits has N = {n_max}")
+    logits_t, tokens_t, parents_t, num_nodes_t = _verify_inputs(logits, tokens, parents, num_nodes)
+    kind, device, (batch, n_max, vocab) = arr.array_kind(logits), logits_t.device, logits_t.shape
     if validate:
         _check_tree(tokens_t, parents_t, num_nodes_t, vocab)
     outputs = _verify_outputs(batch, n_max, device)
@@ -235,13 +241,8 @@ def verify_tree_sampling(logits: Any, tokens: Any, parents: Any, *, temperature:
     emitted_logprobs are log p_target of each emitted token at the node that emitted it
     (temperature-0 rows: log_softmax at temperature 1).
     """
-    kind = arr.array_kind(logits)
-    logits_t = _logits_input(logits)
-    device = logits_t.device
-    batch, n_max, vocab = logits_t.shape
-    tokens_t, parents_t, num_nodes_t = _tree_inputs(tokens, parents, num_nodes, device, batch)
-    if parents_t.shape[1] != n_max:
-        raise ValueError(f"parents: has {parents_t.shape[1]} nodes but logits has N = {n_max}")
+    logits_t, tokens_t, parents_t, num_nodes_t = _verify_inputs(logits, tokens, parents, num_nodes)
+    kind, device, (batch, n_max, vocab) = arr.array_kind(logits), logits_t.device, logits_t.shape
     temperature_t = arr.per_row(temperature, "temperature", torch.float32, batch, device)
     top_k_t = arr.per_row(top_k, "top_k", torch.int32, batch, device)
     top_p_t = arr.per_row(top_p, "top_p", torch.float32, batch, device)
