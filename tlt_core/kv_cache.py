@@ -49,9 +49,8 @@ class KVCache:
         need = shape.bytes(dtype)
         if budget_bytes is not None and need > budget_bytes:
             raise CacheBudgetError(
-                f"budget_bytes: a cache of {shape} in {dtype} needs {need / 2**20:.1f} MiB, over "
-                f"the budget of {budget_bytes / 2**20:.1f} MiB; lower batch or max_len, or raise "
-                "the budget")
+                f"budget_bytes: a cache of {shape} in {dtype} needs {need:,} bytes, over the "
+                f"budget of {budget_bytes:,} bytes; lower batch or max_len, or raise the budget")
         self.shape = shape
         self.data = torch.zeros(shape.num_layers, 2, shape.batch, shape.num_kv_heads,
                                 shape.max_len, shape.head_dim, dtype=dtype, device=device)
@@ -93,6 +92,26 @@ class KVCache:
         if bool((lengths < 0).any()) or bool((lengths > self.lengths).any()):
             raise ValueError("lengths: rollback can only shrink rows, to >= 0 tokens")
         self.lengths.copy_(lengths)
+
+    def rows(self, start: int, count: int) -> "KVCache":
+        """A cache over rows [start, start + count) that shares this one's memory: what a
+        forward over a contiguous block of running rows is given."""
+        if not (0 <= start and count >= 1 and start + count <= self.shape.batch):
+            raise ValueError(f"rows: [{start}, {start + count}) is outside the cache's "
+                             f"{self.shape.batch} rows")
+        view = object.__new__(KVCache)
+        view.shape = CacheShape(self.shape.num_layers, count, self.shape.num_kv_heads,
+                                self.shape.max_len, self.shape.head_dim)
+        view.data = self.data[:, :, start:start + count]
+        view.lengths = self.lengths[start:start + count]
+        return view
+
+    def move_row(self, source: int, target: int) -> None:
+        """Copies row `source` (its slots up to its length, and the length) over row `target`:
+        how the engine keeps running rows contiguous when one finishes."""
+        length = int(self.lengths[source])
+        self.data[:, :, target, :, :length] = self.data[:, :, source, :, :length]
+        self.lengths[target] = length
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Frees rows for new sequences (their stale slots are simply overwritten later)."""
