@@ -138,13 +138,20 @@ def sample_next(logits: torch.Tensor, last_tokens: torch.Tensor, params: Sequenc
     logits (B, V) at each row's last position; last_tokens (B,) the root; seeds, offsets (B,).
     """
     batch = logits.shape[0]
+    # Parameters are validated once in SamplingParams; the kernel flags a bad row (NaN logits)
+    # with token -1, checked below on this small tensor instead of a full validation pass.
     out = ops.verify_tree_sampling(
-        logits[:, None, :].contiguous(), last_tokens[:, None], torch.full((batch, 1), -1),
+        logits[:, None, :].contiguous(), last_tokens[:, None],
+        torch.full((batch, 1), -1, dtype=torch.int32),
         temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
         top_k=torch.tensor([p.top_k for p in params], dtype=torch.int32),
         top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
-        seed=seeds, offset=offsets)
-    return out.emitted_tokens[:, 0], out.emitted_logprobs[:, 0]  # (B,), (B,)
+        seed=seeds, offset=offsets, validate=False)
+    tokens = out.emitted_tokens[:, 0]  # (B,)
+    if bool((tokens < 0).any()):
+        row = int(torch.nonzero(tokens < 0)[0])
+        raise FloatingPointError(f"logits: row {row} has NaN or +inf logits; the model diverged")
+    return tokens, out.emitted_logprobs[:, 0]  # (B,), (B,)
 
 
 class RolloutEngine:
