@@ -237,9 +237,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()  # normalise in float32, as transformers does
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # Normalise in float32, as transformers does, with torch's fused kernel.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -260,12 +260,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: AttentionPlan,
                 kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        # Submodules are called through .forward / F.linear: decoding a small model is bound by
+        # per-call Python overhead, and nn.Module.__call__ (hooks we never use) doubles it.
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # (B, T, H_q, d)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, d)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, d)
+        q = _linear(self.q_proj, x).view(B, T, self.num_heads, self.head_dim)  # (B, T, H_q, d)
+        k = _linear(self.k_proj, x).view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, d)
+        v = _linear(self.v_proj, x).view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, d)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H_q, T, d)
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, H_kv, T, d)
         v = v.transpose(1, 2)  # (B, H_kv, T, d)
@@ -279,7 +281,11 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=plan.mask, is_causal=plan.mask is None,
             enable_gqa=self.num_heads != self.num_kv_heads)  # (B, H_q, T, d)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
+        return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
+
+
+def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, layer.weight, layer.bias)
 
 
 class MLP(nn.Module):
@@ -290,7 +296,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        gate, up = _linear(self.gate_proj, x), _linear(self.up_proj, x)  # (B, T, I)
+        return _linear(self.down_proj, F.silu(gate) * up)  # SwiGLU, (B, T, H)
 
 
 class DecoderLayer(nn.Module):
@@ -303,8 +310,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: AttentionPlan,
                 kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, plan, kv)  # (B, T, H)
-        return h + self.mlp(self.post_attention_layernorm(h))  # (B, T, H)
+        attended = self.self_attn.forward(self.input_layernorm.forward(h), cos, sin, plan, kv)
+        h = h + attended  # (B, T, H)
+        return h + self.mlp.forward(self.post_attention_layernorm.forward(h))  # (B, T, H)
 
 
 class DecoderStack(nn.Module):
@@ -345,10 +353,10 @@ class Transformer(nn.Module):
         h = self.model.embed_tokens(input_ids)  # (B, T, H)
         saved = {}
         for index, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, plan, None if cache is None else cache.layer(index))
+            h = layer.forward(h, cos, sin, plan, None if cache is None else cache.layer(index))
             if index in wanted:
                 saved[index] = h
-        logits = self.lm_head(self.model.norm(h)).float()  # (B, T, V)
+        logits = _linear(self.lm_head, self.model.norm.forward(h)).float()  # (B, T, V)
         return ModelOutput(logits, tuple(saved[index] for index in wanted))
 
     def _attention_plan(self, shape: torch.Size, cache: KVCache | None,
