@@ -2,6 +2,7 @@
 
   tlt bench kernels   fused kernels vs their PyTorch reference, side by side (see
                       tlt_core.bench.kernels); --json FILE writes the rows
+  tlt bench engine    the rollout engine's decoding vs Hugging Face generate
   tlt demo            one speculative verification step on a toy tree, explained
 """
 
@@ -57,6 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
                               "or (with --device cuda) our CPU kernel")
     kernels.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+    engine = bench_kinds.add_parser(
+        "engine", help="the engine's plain decoding vs Hugging Face generate, side by side",
+        description="Greedy decoding throughput of tlt_core's rollout engine and of "
+                    "transformers' generate() on the same model and weights (exported through "
+                    "our checkpoint format), at each batch size, in one run.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    engine.add_argument("--json", type=Path, metavar="FILE",
+                        help="write rows (batch, ours_tok_s, hf_tok_s, ratio, ...) as JSON")
+    engine.add_argument("--model", type=Path, metavar="PATH",
+                        help="a local Hugging Face checkpoint folder; default: the embedded "
+                             "model's architecture with seeded random weights")
+    engine.add_argument("--batch", type=_int_list, default=[1, 32], help="batch sizes")
+    engine.add_argument("--new-tokens", type=int, default=128, help="tokens generated per row")
+    engine.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
+
     commands.add_parser("demo", help="one verification step on a toy tree, explained")
     return parser
 
@@ -79,6 +95,29 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench_engine(args: argparse.Namespace) -> int:
+    import torch
+
+    from tlt_core.bench import engine as bench_engine
+    from tlt_core.checkpoint import load_checkpoint
+    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
+    from tlt_core.model import Transformer
+
+    if args.model is not None:
+        model = load_checkpoint(args.model)
+    else:
+        torch.manual_seed(0)
+        model = Transformer(EMBEDDED_MODEL_CONFIG)
+    results = bench_engine.run(model.eval(), batches=args.batch, new_tokens=args.new_tokens,
+                               reps=args.reps)
+    print(bench_engine.format_table(results))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(bench_engine.as_rows(results), indent=1) + "\n")
+        print(f"wrote {len(results)} rows to {args.json}")
+    return 0
+
+
 def run_demo(_: argparse.Namespace) -> int:
     from tlt_core.demo import main as demo_main
 
@@ -89,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench" and args.bench == "kernels":
         return run_bench_kernels(args)
+    if args.command == "bench" and args.bench == "engine":
+        return run_bench_engine(args)
     if args.command == "demo":
         return run_demo(args)
     raise AssertionError(f"unhandled command {args.command}")
