@@ -54,9 +54,10 @@ def test_cupy_arrays_round_trip():
         pytest.skip("tlt_core was built without CUDA kernels")
     case = random_tree_case(3, 4, 8, 32)
     out = ops.verify_tree_greedy(cupy.asarray(case.logits.numpy()), cupy.asarray(case.tokens.numpy()),
-                                 cupy.asarray(case.parents.numpy()))
+                                 cupy.asarray(case.parents.numpy()),
+                                 cupy.asarray(case.num_nodes.numpy()))
     assert isinstance(out.emitted_tokens, cupy.ndarray)
-    want = ops.verify_tree_greedy(case.logits, case.tokens, case.parents)
+    want = ops.verify_tree_greedy(case.logits, case.tokens, case.parents, case.num_nodes)
     np.testing.assert_array_equal(cupy.asnumpy(out.emitted_tokens), want.emitted_tokens.numpy())
 
 
