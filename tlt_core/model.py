@@ -237,7 +237,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32, as transformers does, with torch's fused kernel.
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # One fused op; the same float32 math as below (decoding is dispatch-bound).
+            return F.rms_norm(x, (x.shape[-1],), self.weight, eps=self.eps)
+        # Normalise in float32, as transformers does, then scale in the weights' dtype.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
