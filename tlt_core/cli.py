@@ -4,6 +4,7 @@
                       tlt_core.bench.kernels); --json FILE writes the rows
   tlt bench engine    the rollout engine's decoding vs Hugging Face generate
   tlt demo            one speculative verification step on a toy tree, explained
+  tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
 """
 
 from __future__ import annotations
@@ -74,6 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
 
     commands.add_parser("demo", help="one verification step on a toy tree, explained")
+
+    task = commands.add_parser("task", help="the embedded task")
+    task_kinds = task.add_subparsers(dest="task", required=True, metavar="WHAT")
+    lengths = task_kinds.add_parser(
+        "lengths", help="response-length distribution (reference and warm model)",
+        description="Prints length statistics of the embedded task's reference solutions and "
+                    "of the warm embedded model's samples at temperature 1 (trained and cached "
+                    "on first use), and optionally plots their histograms.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    lengths.add_argument("--problems", type=int, default=5000,
+                         help="reference problems to measure")
+    lengths.add_argument("--model-problems", type=int, default=512,
+                         help="problems the warm model answers (0: skip the model)")
+    lengths.add_argument("--plot", type=Path, metavar="PNG", help="write a histogram image")
     return parser
 
 
@@ -111,6 +126,22 @@ def run_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_task_lengths(args: argparse.Namespace) -> int:
+    from tlt_core.bench import lengths
+    from tlt_core.task import length_stats
+
+    series = {"reference solutions": lengths.reference_lengths(args.problems)}
+    if args.model_problems > 0:
+        series["warm model, T=1"] = lengths.model_lengths(args.model_problems)
+    for label, values in series.items():
+        stats = length_stats(values)
+        print(f"{label:>20}: " + ", ".join(f"{k} {v:.1f}" for k, v in stats.items()))
+    if args.plot:
+        lengths.plot_histogram(series, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def run_demo(_: argparse.Namespace) -> int:
     from tlt_core.demo import main as demo_main
 
@@ -125,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_engine(args)
     if args.command == "demo":
         return run_demo(args)
+    if args.command == "task" and args.task == "lengths":
+        return run_task_lengths(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 

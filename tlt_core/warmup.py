@@ -121,7 +121,7 @@ def train(config: WarmupConfig = WarmupConfig(), model_config: ModelConfig = EMB
 
 
 @torch.inference_mode()
-def evaluate(model: Transformer, *, num_problems: int = 256, seed: int = 12345,
+def evaluate(model: Transformer, *, num_problems: int = 512, seed: int = 12345,
              task: TaskConfig = TaskConfig()) -> tuple[float, float, dict]:
     """(accuracy at temperature 1, mean per-token entropy, response length stats) on held-out
     problems, generated with the rollout engine."""
@@ -156,7 +156,7 @@ def cache_dir(config: WarmupConfig, model_config: ModelConfig) -> Path:
 
 def load_or_train(config: WarmupConfig = WarmupConfig(),
                   model_config: ModelConfig = EMBEDDED_MODEL_CONFIG, *,
-                  progress: bool = True, eval_problems: int = 256
+                  progress: bool = True, eval_problems: int = 512
                   ) -> tuple[Transformer, WarmupReport]:
     """The warm embedded model: from the cache if this config was trained before, else
     trained now (a few minutes on 2 cores), evaluated, and cached."""

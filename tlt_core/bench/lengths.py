@@ -1,0 +1,57 @@
+"""`tlt task lengths`: the embedded task's response-length distribution — of the reference
+solutions and of the warm model's own samples at temperature 1 — as numbers and, optionally, a
+histogram. The long tail that speculative decoding has to tame, made visible."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from tlt_core.task import CharTokenizer, TaskConfig, generate_problems, length_stats
+
+
+def reference_lengths(num_problems: int, seed: int = 0) -> list[int]:
+    tokenizer = CharTokenizer()
+    problems = generate_problems(TaskConfig(seed=seed, num_problems=num_problems))
+    return [len(tokenizer.response_ids(p.solution)) for p in problems]
+
+
+def model_lengths(num_problems: int, seed: int = 12345) -> list[int]:
+    """Response lengths of the warm embedded model sampled at temperature 1."""
+    from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+    from tlt_core.warmup import load_or_train
+
+    model, _ = load_or_train()
+    tokenizer = CharTokenizer()
+    problems = generate_problems(TaskConfig(seed=seed, num_problems=num_problems))
+    max_tokens = max(len(tokenizer.response_ids(p.solution)) for p in problems) + 8
+    params = SamplingParams(temperature=1.0, max_tokens=max_tokens, stop_ids=(tokenizer.eos_id,))
+    requests = [Request(tokenizer.prompt_ids(p.prompt), params) for p in problems]
+    engine = RolloutEngine(model, EngineConfig(max_batch=64, max_len=max(
+        len(r.prompt_ids) for r in requests) + max_tokens))
+    return [len(r.tokens) for r in engine.generate(requests).rollouts]
+
+
+def plot_histogram(series: dict[str, list[int]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 3.6), dpi=120)
+    top = max(max(v) for v in series.values())
+    bins = range(0, top + 8, 7)  # one bin per reasoning step (7 tokens)
+    for label, lengths in series.items():
+        stats = length_stats(lengths)
+        axis.hist(lengths, bins=bins, alpha=0.55, density=True,
+                  label=f"{label}: median {stats['median']:.0f}, p99 {stats['p99']:.0f} "
+                        f"({stats['p99_over_median']:.1f}x)")
+    axis.set_yscale("log")
+    axis.set_xlabel("response length (tokens, <eos> included)")
+    axis.set_ylabel("density (log scale)")
+    axis.set_title("Embedded task: heavy-tailed response lengths")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
