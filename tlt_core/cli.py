@@ -92,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _write_rows(path: Path | None, rows: list[dict]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"wrote {len(rows)} rows to {path}")
+
+
 def run_bench_kernels(args: argparse.Namespace) -> int:
     from tlt_core.bench import kernels
 
@@ -103,10 +111,7 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
                           reference_reps=args.reference_reps, progress=not args.no_progress,
                           device=args.device, baseline=args.baseline)
     print(kernels.format_table(results))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(kernels.as_rows(results), indent=1) + "\n")
-        print(f"wrote {len(results)} rows to {args.json}")
+    _write_rows(args.json, kernels.as_rows(results))
     return 0
 
 
@@ -119,10 +124,7 @@ def run_bench_engine(args: argparse.Namespace) -> int:
     results = bench_engine.run(model.eval(), batches=args.batch, new_tokens=args.new_tokens,
                                reps=args.reps)
     print(bench_engine.format_table(results))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(bench_engine.as_rows(results), indent=1) + "\n")
-        print(f"wrote {len(results)} rows to {args.json}")
+    _write_rows(args.json, bench_engine.as_rows(results))
     return 0
 
 

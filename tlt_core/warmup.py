@@ -120,6 +120,18 @@ def train(config: WarmupConfig = WarmupConfig(), model_config: ModelConfig = EMB
     return model.eval(), losses, tokens_seen, time.perf_counter() - start
 
 
+def sample_responses(model: Transformer, problems: list, *, temperature: float = 1.0) -> list:
+    """The model's responses (engine Rollouts, in problem order) to task problems."""
+    tokenizer = CharTokenizer()
+    max_tokens = max(len(tokenizer.response_ids(p.solution)) for p in problems) + 8
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens,
+                            stop_ids=(tokenizer.eos_id,))
+    requests = [Request(tokenizer.prompt_ids(p.prompt), params) for p in problems]
+    prompt_len = max(len(r.prompt_ids) for r in requests)
+    engine = RolloutEngine(model, EngineConfig(max_batch=64, max_len=prompt_len + max_tokens))
+    return engine.generate(requests).rollouts
+
+
 @torch.inference_mode()
 def evaluate(model: Transformer, *, num_problems: int = 512, seed: int = 12345,
              task: TaskConfig = TaskConfig()) -> tuple[float, float, dict]:
@@ -128,14 +140,8 @@ def evaluate(model: Transformer, *, num_problems: int = 512, seed: int = 12345,
     tokenizer = CharTokenizer()
     problems = generate_problems(TaskConfig(**{**asdict(task), "seed": seed,
                                                "num_problems": num_problems}))
-    max_tokens = max(len(tokenizer.response_ids(p.solution)) for p in problems) + 8
-    params = SamplingParams(temperature=1.0, max_tokens=max_tokens, stop_ids=(tokenizer.eos_id,))
-    requests = [Request(tokenizer.prompt_ids(p.prompt), params) for p in problems]
-    prompt_len = max(len(r.prompt_ids) for r in requests)
-    engine = RolloutEngine(model, EngineConfig(max_batch=64, max_len=prompt_len + max_tokens))
-    result = engine.generate(requests)
     correct, entropy_sum, entropy_count, lengths = 0.0, 0.0, 0, []
-    for rollout, problem in zip(result.rollouts, problems):
+    for rollout, problem in zip(sample_responses(model, problems), problems):
         correct += check_answer(problem, tokenizer.decode_response(rollout.tokens.tolist()))
         lengths.append(len(rollout.tokens))
         ids = torch.tensor([list(rollout.prompt_ids) + rollout.tokens.tolist()])

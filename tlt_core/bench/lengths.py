@@ -18,18 +18,11 @@ def reference_lengths(num_problems: int, seed: int = 0) -> list[int]:
 
 def model_lengths(num_problems: int, seed: int = 12345) -> list[int]:
     """Response lengths of the warm embedded model sampled at temperature 1."""
-    from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-    from tlt_core.warmup import load_or_train
+    from tlt_core.warmup import load_or_train, sample_responses
 
     model, _ = load_or_train()
-    tokenizer = CharTokenizer()
     problems = generate_problems(TaskConfig(seed=seed, num_problems=num_problems))
-    max_tokens = max(len(tokenizer.response_ids(p.solution)) for p in problems) + 8
-    params = SamplingParams(temperature=1.0, max_tokens=max_tokens, stop_ids=(tokenizer.eos_id,))
-    requests = [Request(tokenizer.prompt_ids(p.prompt), params) for p in problems]
-    engine = RolloutEngine(model, EngineConfig(max_batch=64, max_len=max(
-        len(r.prompt_ids) for r in requests) + max_tokens))
-    return [len(r.tokens) for r in engine.generate(requests).rollouts]
+    return [len(r.tokens) for r in sample_responses(model, problems)]
 
 
 def plot_histogram(series: dict[str, list[int]], path: Path) -> None:
