@@ -165,6 +165,35 @@ def test_cached_decoding_equals_recomputation(checkpoints, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_decode_step_equals_forward(checkpoints, family):
+    """The engine's one-token fast path (Transformer.decode) is held to forward(): same logits,
+    same cache contents, on rows of different lengths."""
+    model = load_checkpoint(checkpoints[family][0])
+    g = torch.Generator().manual_seed(6)
+    lengths = [7, 2, 12]
+    cache = new_cache(model, 3)
+    for b, n in enumerate(lengths):
+        view = cache.rows(b, 1)
+        with torch.no_grad():
+            model(torch.randint(0, VOCAB, (1, n), generator=g), sequential_positions(1, n), view)
+        view.commit(torch.tensor([n]))
+    twin = new_cache(model, 3)
+    twin.data.copy_(cache.data)
+    twin.lengths.copy_(cache.lengths)
+    for _ in range(3):
+        tokens = torch.randint(0, VOCAB, (3,), generator=g)
+        with torch.no_grad():
+            fast = model.decode(tokens, cache)
+            slow = model(tokens[:, None], twin.lengths[:, None].clone(), twin).logits[:, 0]
+        assert (fast - slow).abs().max() <= 1e-5
+        cache.commit(torch.ones(3, dtype=torch.int64))
+        twin.commit(torch.ones(3, dtype=torch.int64))
+        assert torch.allclose(cache.data, twin.data, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="tokens"):
+        model.decode(tokens[:, None], cache)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_ragged_rows_are_independent(checkpoints, family):
     """Right-padded prompts of different lengths, decoded together: each row's logits equal
     the row decoded alone, whatever its padding (random tokens, left in stale cache slots)."""

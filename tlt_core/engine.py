@@ -198,31 +198,41 @@ class RolloutEngine:
 
     def _schedule(self, waiting: list[_Sample], running: list[_Sample], finished: list[Rollout],
                   clock) -> None:
-        """Admit waiting samples into free rows: prefill each prompt, sample its first token."""
-        while waiting and len(running) < self.config.max_batch:
-            sample = waiting.pop(0)
-            row = len(running)
-            sample.admitted_s = clock()
-            view = self.cache.rows(row, 1)
-            view.lengths.zero_()
-            prompt = torch.tensor([sample.prompt_ids], dtype=torch.int64)  # (1, T)
-            positions = torch.arange(prompt.shape[1])[None]  # (1, T)
-            logits = self.model(prompt, positions, view).logits[:, -1]  # (1, V)
-            view.commit(torch.tensor([prompt.shape[1]]))
-            running.append(sample)
-            tokens, logprobs = self._sample([sample], logits)
-            sample.first_token_s = clock()
-            self._append(sample, int(tokens[0]), float(logprobs[0]))
-            if self._done(sample) is not None:  # a stop id or max_tokens = 1
+        """Admit waiting samples into the free rows after the running block: prefill their
+        prompts in one batched forward (right-padded; padding sits after each prompt, so causal
+        attention never lets a prompt token see it) and sample their first tokens."""
+        admitted: list[_Sample] = []
+        while waiting and len(running) + len(admitted) < self.config.max_batch:
+            admitted.append(waiting.pop(0))
+        if not admitted:
+            return
+        first_row, now = len(running), clock()
+        view = self.cache.rows(first_row, len(admitted))
+        view.lengths.zero_()
+        prompt_lens = torch.tensor([len(s.prompt_ids) for s in admitted])  # (B_new,)
+        prompts = torch.zeros(len(admitted), int(prompt_lens.max()), dtype=torch.int64)  # (B_new, T)
+        for row, sample in enumerate(admitted):
+            prompts[row, :len(sample.prompt_ids)] = torch.tensor(sample.prompt_ids)
+            sample.admitted_s = now
+        positions = torch.arange(prompts.shape[1]).expand_as(prompts)  # (B_new, T)
+        logits = self.model(prompts, positions, view).logits  # (B_new, T, V)
+        view.commit(prompt_lens)
+        running.extend(admitted)
+        tokens, logprobs = self._sample(admitted, logits[torch.arange(len(admitted)), prompt_lens - 1])
+        now = clock()
+        for sample, token, logprob in zip(admitted, tokens.tolist(), logprobs.tolist()):
+            sample.first_token_s = now
+            self._append(sample, token, logprob)
+        for row in range(len(running) - 1, first_row - 1, -1):  # a stop id or max_tokens = 1
+            if self._done(running[row]) is not None:
                 self._finish(running, row, finished, clock)
 
     def _forward(self, running: list[_Sample]) -> torch.Tensor:
         """One decode step: feed each row's last sampled token; returns next-token logits."""
         batch = len(running)
         view = self.cache.rows(0, batch)
-        last = torch.tensor([[s.tokens[-1]] for s in running], dtype=torch.int64)  # (B, 1)
-        positions = view.lengths[:, None].clone()  # (B, 1)
-        logits = self.model(last, positions, view).logits[:, -1]  # (B, V)
+        last = torch.tensor([s.tokens[-1] for s in running], dtype=torch.int64)  # (B,)
+        logits = self.model.decode(last, view)  # (B, V)
         view.commit(torch.ones(batch, dtype=torch.int64))
         return logits
 
