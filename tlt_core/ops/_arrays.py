@@ -95,8 +95,6 @@ def per_row(value: Any, name: str, dtype: torch.dtype, batch: int,
     tensor = as_tensor(value, name)
     check_shape(tensor, name, (batch,))
     check_device(tensor, name, device)
-    if dtype.is_floating_point != tensor.dtype.is_floating_point and dtype.is_floating_point:
-        tensor = tensor.to(dtype)
     if not dtype.is_floating_point and tensor.dtype not in _INTEGER_DTYPES:
         raise TypeError(f"{name}: expected an integer dtype, got {tensor.dtype}")
     return tensor.to(dtype).contiguous()
