@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tlt_core.decode import PackedDecoder
 from tlt_core.kv_cache import KVCache
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -286,28 +287,6 @@ class Attention(nn.Module):
             enable_gqa=self.num_heads != self.num_kv_heads)  # (B, H_q, T, d)
         return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
 
-    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               kv: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, read_len: int,
-               mask: torch.Tensor) -> torch.Tensor:
-        """forward() for one new token per row, without the T dimension: x (B, H); cos, sin
-        (B, d); slots (B,) where each row's K/V goes; mask (B, 1, 1, S)."""
-        B = x.shape[0]
-        q = _linear(self.q_proj, x).view(B, self.num_heads, self.head_dim)  # (B, H_q, d)
-        k = _linear(self.k_proj, x).view(B, self.num_kv_heads, self.head_dim)  # (B, H_kv, d)
-        v = _linear(self.v_proj, x).view(B, self.num_kv_heads, self.head_dim)  # (B, H_kv, d)
-        if self.qk_norm:
-            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache, v_cache = kv  # (B, H_kv, T_max, d)
-        rows = torch.arange(B, device=x.device)
-        k_cache[rows, :, slots] = k.to(k_cache.dtype)  # (B, H_kv, d) into slot slots[b]
-        v_cache[rows, :, slots] = v.to(v_cache.dtype)
-        out = F.scaled_dot_product_attention(
-            q[:, :, None], k_cache[:, :, :read_len].to(q.dtype),
-            v_cache[:, :, :read_len].to(q.dtype), attn_mask=mask,
-            enable_gqa=self.num_heads != self.num_kv_heads)  # (B, H_q, 1, d)
-        return _linear(self.o_proj, out.reshape(B, -1))  # (B, H)
-
 
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, layer.weight, layer.bias)
@@ -339,14 +318,6 @@ class DecoderLayer(nn.Module):
         h = h + attended  # (B, T, H)
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))  # (B, T, H)
 
-    def decode(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               kv: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, read_len: int,
-               mask: torch.Tensor) -> torch.Tensor:
-        attended = self.self_attn.decode(self.input_layernorm.forward(h), cos, sin, kv, slots,
-                                         read_len, mask)
-        h = h + attended  # (B, H)
-        return h + self.mlp.forward(self.post_attention_layernorm.forward(h))  # (B, H)
-
 
 class DecoderStack(nn.Module):
     """The parameters under transformers' `model.` prefix; Transformer.forward runs them."""
@@ -366,6 +337,7 @@ class Transformer(nn.Module):
         self.model = DecoderStack(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        self._decoder = PackedDecoder(self)
 
     def tie_weights(self) -> None:
         """With tie_word_embeddings, lm_head uses embed_tokens' Parameter itself (one tensor,
@@ -395,23 +367,12 @@ class Transformer(nn.Module):
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One decode step: row b's token at position cache.lengths[b], written to that slot.
         Returns (B, V) float32 logits. The same as forward(tokens[:, None],
-        cache.lengths[:, None], cache).logits[:, 0] (tests hold it to that), with the step cut
-        to what one token needs: decoding a small model is bound by per-op overhead, and
-        forward()'s general masks and shapes cost a third of the step."""
+        cache.lengths[:, None], cache).logits[:, 0] (tests hold it to that), in the fewest ops
+        (tlt_core.decode): decoding a small model is bound by per-op overhead."""
         if tokens.dim() != 1 or tokens.dtype != torch.int64:
             raise ValueError(f"tokens: expected (B,) int64, got {tuple(tokens.shape)} {tokens.dtype}")
         self._check_inputs(tokens[:, None], cache.lengths[:, None], cache, None)
-        lengths = cache.lengths  # (B,) the new token's slot and position
-        read_len = int(lengths.max()) + 1  # the step's one host sync
-        if read_len > cache.shape.max_len:
-            cache.check_room(torch.ones_like(lengths))  # raises, naming the row
-        slots = torch.arange(read_len, device=tokens.device)  # (S,)
-        mask = (slots <= lengths[:, None])[:, None, None, :]  # (B, 1, 1, S): prefix + itself
-        cos, sin = self.model.rotary_emb(lengths, self.lm_head.weight.dtype)  # (B, d) each
-        h = self.model.embed_tokens(tokens)  # (B, H)
-        for index, layer in enumerate(self.model.layers):
-            h = layer.decode(h, cos, sin, cache.layer(index), lengths, read_len, mask)
-        return _linear(self.lm_head, self.model.norm.forward(h)).float()  # (B, V)
+        return self._decoder(tokens, cache)
 
     def _attention_plan(self, shape: torch.Size, cache: KVCache | None,
                         tree_mask: torch.Tensor | None, device: torch.device) -> AttentionPlan:
