@@ -235,8 +235,13 @@ def test_ragged_rows_are_independent(checkpoints, family):
 # of the accepted prefix.
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tree_pass_equals_path_recomputation(checkpoints, family):
+@pytest.mark.parametrize("inference_pass", ["forward", "step"])
+def test_tree_pass_equals_path_recomputation(checkpoints, family, inference_pass):
+    """A tree verification pass (forward, or step: the engine's packed inference pass) gives
+    every node the logits of its root path recomputed in full, and hidden states equal to
+    forward's; compaction then leaves the cache a prefill of the accepted path builds."""
     model = load_checkpoint(checkpoints[family][0])
+    run = getattr(model, inference_pass)
     B, N = 3, 10
     tree = random_tree_case(6, B, N, VOCAB)  # ragged num_nodes: rows have padding nodes
     prefix_lengths = torch.tensor([7, 3, 11])
@@ -244,12 +249,20 @@ def test_tree_pass_equals_path_recomputation(checkpoints, family):
     prefixes = torch.randint(0, VOCAB, (B, int(prefix_lengths.max())), generator=g)
     cache = new_cache(model, B)
     meta = ops.tree_metadata(tree.parents, tree.num_nodes, prefix_lengths)
+    tree_mask = ops.unpack_tree_mask(meta.mask, N)
     with torch.no_grad():
-        model(prefixes, sequential_positions(B, prefixes.shape[1]), cache)
+        run(prefixes, sequential_positions(B, prefixes.shape[1]), cache)
         cache.commit(prefix_lengths)
-        out = model(tree.tokens, meta.positions, cache,
-                    tree_mask=ops.unpack_tree_mask(meta.mask, N)).logits  # (B, N, V)
+        twin = new_cache(model, B)
+        twin.data.copy_(cache.data)
+        twin.lengths.copy_(cache.lengths)
+        result = run(tree.tokens, meta.positions, cache, tree_mask=tree_mask, hidden_layers=[2, -1])
+        reference = model(tree.tokens, meta.positions, twin, tree_mask=tree_mask,
+                          hidden_layers=[2, -1])
+    out = result.logits  # (B, N, V)
     assert torch.isfinite(out).all()
+    for mine, theirs in zip(result.hidden_states, reference.hidden_states, strict=True):
+        assert (mine - theirs).abs().max() <= TOL
     assert torch.equal(cache.lengths, prefix_lengths)  # the model never commits
     for b in range(B):
         prefix = prefixes[b, :int(prefix_lengths[b])]

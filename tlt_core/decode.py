@@ -1,9 +1,9 @@
-"""The one-token decode step (`Transformer.decode`), over weights packed for it.
+"""The inference pass with a KV cache (`Transformer.step`, `Transformer.decode`), over weights
+packed for it.
 
 Decoding a small model on a CPU is bound by per-op dispatch (5-10 us an op), not arithmetic, so
-this step spends the fewest ops per layer that compute what `Transformer.forward` computes for one
-new token: q, k and v from one matmul, gate and up from one, both residual adds folded into
-`addmm`, float32 RMSNorm weights folded into the matmul after them (the norm itself is then
+this pass spends the fewest ops per layer that compute what `Transformer.forward` computes: q, k
+and v from one matmul, gate and up from one, both residual adds folded into `addmm`, float32 RMSNorm weights folded into the matmul after them (the norm itself is then
 `x * rsqrt(|x|^2 / H + eps)`, four cheap ops where `F.rms_norm` dispatches seven), RoPE for q and
 k together as `x * cos + roll(x, d/2) * sin_signed`, K and V written with
 one indexed store, and no attention mask when every row has the same length (a batch of one
@@ -16,17 +16,22 @@ is seen by the next decode without anyone calling a refresh. The price is one ex
 decoder layers' weights (the embedding and LM head are used in place). The pack holds no autograd
 history: decode is for inference.
 
-Shapes: B rows, H hidden size, d head_dim, H_q / H_kv query / key-value heads, I intermediate
-size, S cache slots read.
+The drafter runs its one layer through the same code (PackedLayers, run_layers).
+
+Shapes: B rows, T new tokens per row, H hidden size, d head_dim, H_q / H_kv query / key-value
+heads, I intermediate size, S cache slots read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tlt_core.attention_plan import AttentionPlan, attention_plan
 
 
 @dataclass(frozen=True)
@@ -69,14 +74,15 @@ def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int) -> PackedLa
         post_attention_norm=None if fold else layer.post_attention_layernorm)
 
 
-class PackedDecoder:
-    """Runs one decode step of a `tlt_core.model.Transformer`; owned by it, rebuilt on change."""
+class PackedLayers:
+    """Packed copies of decoder layers, rebuilt when any of their parameters changed."""
 
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.layers: list[PackedLayer] = []
+    def __init__(self, layers: Callable[[], Sequence[nn.Module]], config):
+        self.layers_of = layers  # called on refresh: the modules may be replaced (assign=True)
+        self.config = config
+        self.packed: list[PackedLayer] = []
         # Where each layer parameter lives ((module._parameters, name)) and what it held when
-        # packed: reading them back per step costs ~10 us, walking parameters() ~500 us.
+        # packed: reading them back per pass costs ~10 us, walking parameters() ~500 us.
         self.sources: list[tuple[dict, str]] = []
         self.key: tuple = ()
         self.eps: torch.Tensor | None = None  # () float32 on the weights' device
@@ -85,69 +91,108 @@ class PackedDecoder:
         return tuple((params[name].data_ptr(), params[name]._version)
                      for params, name in self.sources)
 
-    def _refresh(self) -> None:
+    def get(self) -> list[PackedLayer]:
         if self.sources and self._key() == self.key:
-            return
-        config, layers = self.model.config, self.model.model.layers
-        self.sources = [(module._parameters, name) for module in layers.modules()
+            return self.packed
+        config, layers = self.config, list(self.layers_of())
+        self.sources = [(module._parameters, name) for layer in layers for module in layer.modules()
                         for name, param in module._parameters.items() if param is not None]
         self.eps = torch.tensor(config.rms_norm_eps, device=layers[0].mlp.down_proj.weight.device)
         with torch.no_grad():
-            self.layers = [_pack_layer(layer, config.num_heads, config.num_kv_heads)
+            self.packed = [_pack_layer(layer, config.num_heads, config.num_kv_heads)
                            for layer in layers]
         self.key = self._key()
+        return self.packed
 
-    def __call__(self, tokens: torch.Tensor, cache) -> torch.Tensor:
-        """tokens (B,) int64, row b's token at position cache.lengths[b], written to that slot;
-        returns (B, V) float32 logits. Inputs are checked by Transformer.decode."""
-        self._refresh()
-        model, config = self.model, self.model.config
-        stack = model.model
-        B, d = tokens.shape[0], config.head_dim
-        H_q, H_kv, half = config.num_heads, config.num_kv_heads, config.head_dim // 2
-        lengths = cache.lengths  # (B,) the new token's slot and position
-        shortest, longest = (int(n) for n in torch.aminmax(lengths))  # the step's one host sync
-        read_len = longest + 1
-        if read_len > cache.shape.max_len:
-            cache.check_room(torch.ones_like(lengths))  # raises, naming the row
-        mask = None  # rows of equal length read exactly their prefix and the new slot
-        if shortest != longest:
-            slots = torch.arange(read_len, device=tokens.device)  # (S,)
-            mask = (slots <= lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
-        cos, sin = stack.rotary_emb(lengths, model.lm_head.weight.dtype)  # (B, d) each
-        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None]  # (B, 1, d)
-        cos = cos[:, None]  # (B, 1, d)
-        rows = torch.arange(B, device=tokens.device)
-        h = F.embedding(tokens, stack.embed_tokens.weight)  # (B, H)
-        for index, packed in enumerate(self.layers):
-            x = self._norm(h, packed.input_norm)  # (B, H)
-            qkv = (torch.mm(x, packed.qkv) if packed.qkv_bias is None
-                   else torch.addmm(packed.qkv_bias, x, packed.qkv))
-            qkv = qkv.view(B, H_q + 2 * H_kv, d)
-            qk = qkv[:, :H_q + H_kv]  # (B, H_q + H_kv, d)
-            if packed.qk_norm is not None:
-                qk = F.rms_norm(qk, (d,), eps=config.rms_norm_eps) * packed.qk_norm
-            # RoPE in transformers' half-split layout: rotate_half(x) * sin = roll(x) * sin_signed
-            qkv[:, :H_q + H_kv] = torch.addcmul(qk * cos, qk.roll(half, -1), sin_signed)
-            layer_kv = cache.data[index]  # (2, B, H_kv, T_max, d)
-            # Advanced indices split by a slice put the index dim first: the target is
-            # (B, 2, H_kv, d), exactly the k|v part of qkv.
-            layer_kv[:, rows, :, lengths] = qkv[:, H_q:].view(B, 2, H_kv, d).to(layer_kv.dtype)
-            out = F.scaled_dot_product_attention(
-                qkv[:, :H_q, None], layer_kv[0, :, :, :read_len].to(qkv.dtype),
-                layer_kv[1, :, :, :read_len].to(qkv.dtype), attn_mask=mask,
-                enable_gqa=H_q != H_kv)  # (B, H_q, 1, d)
-            h = torch.addmm(h, out.view(B, H_q * d), packed.o)  # residual + o_proj
-            if packed.o_bias is not None:
-                h = h + packed.o_bias
-            gate_up = torch.mm(self._norm(h, packed.post_attention_norm), packed.gate_up)
-            gate, up = gate_up.chunk(2, dim=-1)  # (B, I) each
-            h = torch.addmm(h, F.silu(gate) * up, packed.down)  # residual + SwiGLU MLP
-        return F.linear(stack.norm.forward(h), model.lm_head.weight).float()  # (B, V)
 
-    def _norm(self, h: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
-        """RMSNorm of h (B, H); without its weight when that is folded (norm None)."""
-        if norm is not None:
-            return norm.forward(h)
-        norm = torch.linalg.vector_norm(h, dim=-1, keepdim=True)  # (B, 1) |h|
-        return h * torch.addcmul(self.eps, norm, norm, value=1.0 / h.shape[-1]).rsqrt_()
+def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None) -> AttentionPlan:
+    """attention_plan, short-cut for one token per row: no mask when every row has the same
+    length (a batch of one always does), as each row then reads exactly its prefix and its new
+    slot."""
+    B, T = input_ids.shape
+    if T != 1 or tree_mask is not None:
+        return attention_plan((B, T), cache, tree_mask, input_ids.device)
+    lengths = cache.lengths
+    shortest, longest = (int(n) for n in torch.aminmax(lengths))  # one host sync
+    if longest + 1 > cache.shape.max_len:
+        cache.check_room(torch.ones_like(lengths))  # raises, naming the row
+    mask = None
+    if shortest != longest:
+        slots = torch.arange(longest + 1, device=input_ids.device)  # (S,)
+        mask = (slots <= lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    return AttentionPlan(mask, lengths[:, None], longest + 1)
+
+
+def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, rotary: nn.Module,
+               cache_layers: Sequence[torch.Tensor], plan: AttentionPlan,
+               hidden_layers: Sequence[int] = ()) -> tuple[torch.Tensor, dict]:
+    """The packed layers over h (B T, H) at positions (B, T); cache_layers[i] is layer i's
+    (2, B, H_kv, T_max, d) K/V. Returns (output (B T, H), {layer: (B, T, H) output})."""
+    config = layers.config
+    (B, T), d = positions.shape, config.head_dim
+    H_q, H_kv, half = config.num_heads, config.num_kv_heads, config.head_dim // 2
+    cos, sin = rotary(positions, h.dtype)  # (B, T, d) each
+    sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, :, None]
+    cos = cos[:, :, None]  # (B, T, 1, d), like sin_signed
+    rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
+    saved = {}
+    for index, packed in enumerate(layers.get()):
+        x = _norm(h, packed.input_norm, layers.eps)  # (B T, H)
+        qkv = (torch.mm(x, packed.qkv) if packed.qkv_bias is None
+               else torch.addmm(packed.qkv_bias, x, packed.qkv))
+        qkv = qkv.view(B, T, H_q + 2 * H_kv, d)
+        qk = qkv[:, :, :H_q + H_kv]  # (B, T, H_q + H_kv, d)
+        if packed.qk_norm is not None:
+            qk = F.rms_norm(qk, (d,), eps=config.rms_norm_eps) * packed.qk_norm
+        # RoPE in transformers' half-split layout: rotate_half(x) * sin = roll(x) * sin_signed
+        qkv[:, :, :H_q + H_kv] = torch.addcmul(qk * cos, qk.roll(half, -1), sin_signed)
+        layer_kv = cache_layers[index]  # (2, B, H_kv, T_max, d)
+        # Advanced indices split by a slice put the index dims first: the target is
+        # (B, T, 2, H_kv, d), exactly the k|v part of qkv.
+        layer_kv[:, rows, :, plan.write_slots] = qkv[:, :, H_q:].view(B, T, 2, H_kv, d).to(
+            layer_kv.dtype)
+        out = F.scaled_dot_product_attention(
+            qkv[:, :, :H_q].transpose(1, 2), layer_kv[0, :, :, :plan.read_len].to(qkv.dtype),
+            layer_kv[1, :, :, :plan.read_len].to(qkv.dtype), attn_mask=plan.mask,
+            enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
+        h = torch.addmm(h, out.transpose(1, 2).reshape(B * T, H_q * d), packed.o)  # + o_proj
+        if packed.o_bias is not None:
+            h = h + packed.o_bias
+        gate_up = torch.mm(_norm(h, packed.post_attention_norm, layers.eps), packed.gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)  # (B T, I) each
+        h = torch.addmm(h, F.silu(gate) * up, packed.down)  # residual + SwiGLU MLP
+        if index in hidden_layers:
+            saved[index] = h.view(B, T, -1)
+    return h, saved
+
+
+def _norm(h: torch.Tensor, norm: nn.Module | None, eps: torch.Tensor) -> torch.Tensor:
+    """RMSNorm of h (B T, H); without its weight when that is folded (norm None)."""
+    if norm is not None:
+        return norm.forward(h)
+    size = torch.linalg.vector_norm(h, dim=-1, keepdim=True)  # (B T, 1) |h|
+    return h * torch.addcmul(eps, size, size, value=1.0 / h.shape[-1]).rsqrt_()
+
+
+class PackedDecoder:
+    """Transformer.step: the target's inference pass over its packed layers."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.layers = PackedLayers(lambda: model.model.layers, model.config)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
+                 tree_mask: torch.Tensor | None, hidden_layers: list[int]
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Transformer.forward with a cache, for inference: input_ids, positions (B, T) int64;
+        returns logits (B, T, V) float32 and the (B, T, H) outputs of `hidden_layers`
+        (non-negative indices). Inputs are checked by the Transformer."""
+        model, stack = self.model, self.model.model
+        B, T = input_ids.shape
+        plan = plan_for(input_ids, cache, tree_mask)
+        h = F.embedding(input_ids.reshape(B * T), stack.embed_tokens.weight)  # (B T, H)
+        cache_layers = [cache.data[i] for i in range(model.config.num_layers)]
+        h, saved = run_layers(self.layers, h, positions, stack.rotary_emb, cache_layers, plan,
+                              hidden_layers)
+        logits = F.linear(stack.norm.forward(h), model.lm_head.weight).float()  # (B T, V)
+        return logits.view(B, T, -1), tuple(saved[index] for index in hidden_layers)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tlt_core.attention_plan import AttentionPlan, attention_plan
 from tlt_core.decode import PackedDecoder
 from tlt_core.kv_cache import KVCache
 
@@ -174,15 +175,6 @@ class ModelOutput:
     # One (B, T, H) tensor per requested layer, in request order: the output of decoder layer i
     # (the input of layer i + 1); the last layer's is taken before the final norm.
     hidden_states: tuple[torch.Tensor, ...]
-
-
-@dataclass(frozen=True)
-class AttentionPlan:
-    """How every layer of one forward attends; built once per forward."""
-
-    mask: torch.Tensor | None  # (B, 1, T, S) bool, True = may attend; None = causal over T
-    write_slots: torch.Tensor | None  # (B, T) int64 cache slot of each new token; None = no cache
-    read_len: int  # S: cache slots read, max(lengths) + T
 
 
 def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
@@ -353,7 +345,7 @@ class Transformer(nn.Module):
         whose outputs to return. See the module docstring for the cache contract."""
         self._check_inputs(input_ids, positions, cache, tree_mask)
         wanted = [self._layer_index(i) for i in hidden_layers]
-        plan = self._attention_plan(input_ids.shape, cache, tree_mask, input_ids.device)
+        plan = attention_plan(input_ids.shape, cache, tree_mask, input_ids.device)
         cos, sin = self.model.rotary_emb(positions, self.lm_head.weight.dtype)  # (B, T, d) each
         h = self.model.embed_tokens(input_ids)  # (B, T, H)
         saved = {}
@@ -364,39 +356,25 @@ class Transformer(nn.Module):
         logits = _linear(self.lm_head, self.model.norm.forward(h)).float()  # (B, T, V)
         return ModelOutput(logits, tuple(saved[index] for index in wanted))
 
+    def step(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
+             tree_mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = ()
+             ) -> ModelOutput:
+        """forward() with a cache, for inference (no autograd through the weights): the same
+        contract and results (tests hold it to forward), in the fewest ops per layer
+        (tlt_core.decode), since a small model's inference is bound by per-op overhead.
+        Prefill, decoding and tree verification all go through here."""
+        self._check_inputs(input_ids, positions, cache, tree_mask)
+        wanted = [self._layer_index(i) for i in hidden_layers]
+        logits, hidden = self._decoder(input_ids, positions, cache, tree_mask, wanted)
+        return ModelOutput(logits, hidden)
+
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One decode step: row b's token at position cache.lengths[b], written to that slot.
-        Returns (B, V) float32 logits. The same as forward(tokens[:, None],
-        cache.lengths[:, None], cache).logits[:, 0] (tests hold it to that), in the fewest ops
-        (tlt_core.decode): decoding a small model is bound by per-op overhead."""
+        Returns (B, V) float32 logits: step(tokens[:, None], cache.lengths[:, None],
+        cache).logits[:, 0]."""
         if tokens.dim() != 1 or tokens.dtype != torch.int64:
             raise ValueError(f"tokens: expected (B,) int64, got {tuple(tokens.shape)} {tokens.dtype}")
-        self._check_inputs(tokens[:, None], cache.lengths[:, None], cache, None)
-        return self._decoder(tokens, cache)
-
-    def _attention_plan(self, shape: torch.Size, cache: KVCache | None,
-                        tree_mask: torch.Tensor | None, device: torch.device) -> AttentionPlan:
-        B, T = shape
-        own = torch.eye(T, dtype=torch.bool, device=device)  # (T, T)
-        if cache is None:
-            if tree_mask is None:
-                return AttentionPlan(None, None, T)
-            # Every query sees at least itself: a padding token whose mask row is all False
-            # would otherwise get NaN from some attention backends (zeros from others).
-            return AttentionPlan((tree_mask | own)[:, None], None, T)
-        cache.check_room(torch.full((B,), T, dtype=torch.int64))
-        lengths = cache.lengths  # (B,) committed slots
-        # One host sync: read only the slots some row uses, not all of T_max.
-        read_len = int(lengths.max()) + T
-        allowed = (torch.ones(T, T, dtype=torch.bool, device=device).tril() if tree_mask is None
-                   else tree_mask) | own  # (B or 1, T, T)
-        rel = torch.arange(read_len, device=device) - lengths[:, None]  # (B, S) slot - lengths
-        is_new = (rel >= 0) & (rel < T)  # (B, S) slots this pass writes
-        new_index = rel.clamp(0, T - 1)[:, None, :].expand(B, T, read_len)  # (B, T, S)
-        sees_new = allowed.expand(B, T, T).gather(2, new_index) & is_new[:, None]  # (B, T, S)
-        mask = (rel < 0)[:, None, :] | sees_new  # (B, T, S): committed prefix + allowed new
-        write_slots = lengths[:, None] + torch.arange(T, device=device)  # (B, T)
-        return AttentionPlan(mask[:, None], write_slots, read_len)
+        return self.step(tokens[:, None], cache.lengths[:, None], cache).logits[:, 0]
 
     def _layer_index(self, index: int) -> int:
         num_layers = self.config.num_layers
