@@ -55,6 +55,8 @@ class KVCache:
         self.data = torch.zeros(shape.num_layers, 2, shape.batch, shape.num_kv_heads,
                                 shape.max_len, shape.head_dim, dtype=dtype, device=device)
         self.lengths = torch.zeros(shape.batch, dtype=torch.int64, device=device)  # (B,)
+        self._parent: KVCache | None = None  # set on rows() views
+        self._start = 0
 
     @property
     def device(self) -> torch.device:
@@ -82,8 +84,21 @@ class KVCache:
     def compact(self, accept_index: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """After a tree verification: move each row's accepted path (root included) to the
         slots after its prefix and commit it (num_accepted[b] + 1 tokens)."""
-        ops.compact_kv_(self.data, accept_index, num_accepted,
-                        self.lengths.to(torch.int32))
+        if self._parent is None:
+            ops.compact_kv_(self.data, accept_index, num_accepted, self.lengths.to(torch.int32))
+        else:
+            # A rows() view is not contiguous, which the kernel needs: compact the whole cache,
+            # the other rows given the identity path (root slot 0 onto itself).
+            parent, rows = self._parent, slice(self._start, self._start + self.shape.batch)
+            full_index = torch.full((parent.shape.batch, accept_index.shape[1]), -1,
+                                    dtype=torch.int32, device=self.device)
+            full_index[:, 0] = 0
+            full_index[rows] = accept_index
+            full_accepted = torch.zeros(parent.shape.batch, dtype=torch.int32, device=self.device)
+            full_accepted[rows] = num_accepted
+            full_len = torch.zeros(parent.shape.batch, dtype=torch.int32, device=self.device)
+            full_len[rows] = self.lengths
+            ops.compact_kv_(parent.data, full_index, full_accepted, full_len)
         self.lengths += num_accepted.to(self.lengths) + 1
 
     def rollback(self, lengths: torch.Tensor) -> None:
@@ -104,6 +119,9 @@ class KVCache:
                                 self.shape.max_len, self.shape.head_dim)
         view.data = self.data[:, :, start:start + count]
         view.lengths = self.lengths[start:start + count]
+        view._parent, view._start = self, start
+        if self._parent is not None:  # a view of a view: compact through the root cache
+            view._parent, view._start = self._parent, self._start + start
         return view
 
     def move_row(self, source: int, target: int) -> None:
