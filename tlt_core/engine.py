@@ -23,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 import tlt_core.ops as ops
-from tlt_core.kv_cache import CacheShape, KVCache
+from tlt_core.drafter import Drafter
+from tlt_core.kv_cache import CacheBudgetError, CacheShape, KVCache
+from tlt_core.speculative import Strategy, draft_tree
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,35 @@ class Rollout:
 
 
 @dataclass(frozen=True)
+class SpecStepStats:
+    """One speculative step over the running batch."""
+
+    step: int  # index among the generate call's steps
+    batch: int  # running rows
+    strategy: str  # "(depth,topk,num_verify_tokens)"
+    drafted: int  # draft nodes verified, summed over rows
+    accepted: int  # draft tokens accepted, summed over rows
+    emitted: int  # tokens emitted: accepted + one per row
+    draft_s: float  # growing the draft trees
+    verify_s: float  # the target's tree pass and the verification kernel
+    accept_s: float  # compacting the caches, the drafter's catch-up, committing tokens
+
+
+@dataclass(frozen=True)
 class RolloutResult:
     rollouts: list[Rollout]  # ordered by (request_index, sample_index)
     trace_time_s: torch.Tensor  # (steps,) float64, end of each decode step
     trace_running: torch.Tensor  # (steps,) int64, running rows during that step
     total_s: float
-    decode_steps: int
+    decode_steps: int  # plain and speculative steps
+    spec_steps: tuple[SpecStepStats, ...] = ()
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Mean tokens a row emits per speculative step (accepted drafts + 1); None if no step
+        was speculative."""
+        rows = sum(s.batch for s in self.spec_steps)
+        return sum(s.emitted for s in self.spec_steps) / rows if rows else None
 
 
 @dataclass(frozen=True)
@@ -102,17 +127,28 @@ class EngineConfig:
     max_len: int = 1024  # token slots per row: prompt + response must fit
     cache_budget_bytes: int | None = None  # None: no limit beyond the machine's memory
     seed: int = 0  # base of the per-sample seeds that requests do not set
+    # Cache slots past max_len that a speculative step may write (its tree's nodes, in the
+    # target's and the drafter's caches); bounds num_verify_tokens and (depth - 1) * topk.
+    spec_reserve: int = 64
 
     def __post_init__(self):
         if self.max_batch < 1:
             raise ValueError(f"max_batch: must be >= 1, got {self.max_batch}")
         if self.max_len < 2:
             raise ValueError(f"max_len: must be >= 2, got {self.max_len}")
+        if self.spec_reserve < 2:
+            raise ValueError(f"spec_reserve: must be >= 2, got {self.spec_reserve}")
+
+
+# What generate() is told about speculation: never (None), always one strategy, or a policy
+# asked before every step with the running batch size (the adaptive loop).
+StrategyPolicy = Union[Strategy, None, Callable[[int], Optional[Strategy]]]
 
 
 @dataclass
 class _Sample:
-    """Engine-private state of one sample while it waits or runs."""
+    """Engine-private state of one sample while it waits or runs (its row's tensors live in
+    RolloutEngine's per-row state)."""
 
     request_index: int
     sample_index: int
@@ -123,6 +159,7 @@ class _Sample:
     logprobs: list[float] = field(default_factory=list)
     admitted_s: float = 0.0
     first_token_s: float = 0.0
+    done: str | None = None  # finish reason, once finished
 
 
 def sample_seed(base: int, request_index: int, sample_index: int) -> int:
@@ -137,46 +174,112 @@ def sample_next(logits: torch.Tensor, last_tokens: torch.Tensor, params: Sequenc
 
     logits (B, V) at each row's last position; last_tokens (B,) the root; seeds, offsets (B,).
     """
+    return _sample_roots(
+        logits, last_tokens,
+        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
+        top_k=torch.tensor([p.top_k for p in params], dtype=torch.int32),
+        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
+        seed=seeds, offset=offsets)
+
+
+def _sample_roots(logits: torch.Tensor, last_tokens: torch.Tensor, *, temperature, top_k, top_p,
+                  seed, offset) -> tuple[torch.Tensor, torch.Tensor]:
     batch = logits.shape[0]
     # Parameters are validated once in SamplingParams; the kernel flags a bad row (NaN logits)
     # with token -1, checked below on this small tensor instead of a full validation pass.
     out = ops.verify_tree_sampling(
         logits[:, None, :].contiguous(), last_tokens[:, None],
-        torch.full((batch, 1), -1, dtype=torch.int32),
-        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
-        top_k=torch.tensor([p.top_k for p in params], dtype=torch.int32),
-        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
-        seed=seeds, offset=offsets, validate=False)
+        torch.full((batch, 1), -1, dtype=torch.int32, device=logits.device),
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset,
+        validate=False)
     tokens = out.emitted_tokens[:, 0]  # (B,)
-    if bool((tokens < 0).any()):
-        row = int(torch.nonzero(tokens < 0)[0])
-        raise FloatingPointError(f"logits: row {row} has NaN or +inf logits; the model diverged")
+    _check_emitted(tokens)
     return tokens, out.emitted_logprobs[:, 0]  # (B,), (B,)
 
 
-class RolloutEngine:
-    """Generates samples for requests with a target model and a preallocated KV cache."""
+def _check_emitted(first_tokens: torch.Tensor) -> None:
+    if bool((first_tokens < 0).any()):
+        row = int(torch.nonzero(first_tokens < 0)[0])
+        raise FloatingPointError(f"logits: row {row} has NaN or +inf logits; the model diverged")
 
-    def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig()):
+
+class _RowState:
+    """Per-row tensors over the cache's rows: what each step's kernels read, kept in place so a
+    step does not rebuild them from Python lists. Rows move with their samples (move)."""
+
+    def __init__(self, rows: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
+        self.last = torch.zeros(rows, dtype=torch.int64, device=device)  # the root token
+        self.seed = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.offset = torch.zeros(rows, dtype=torch.int64, device=device)  # tokens generated
+        self.temperature = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.top_k = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.top_p = torch.ones(rows, dtype=torch.float32, device=device)
+        # The drafter's output at its last committed pair: its guess of the root's feature.
+        self.draft_hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=device)
+
+    def admit(self, row: int, sample: _Sample) -> None:
+        self.seed[row], self.offset[row] = sample.seed, 0
+        p = sample.params
+        self.temperature[row], self.top_k[row], self.top_p[row] = p.temperature, p.top_k, p.top_p
+
+    def move(self, source: int, target: int) -> None:
+        for t in (self.last, self.seed, self.offset, self.temperature, self.top_k, self.top_p,
+                  self.draft_hidden):
+            t[target] = t[source]
+
+    def sampling(self, rows: slice) -> dict:
+        """The sampling kernels' per-row arguments for rows."""
+        return dict(temperature=self.temperature[rows], top_k=self.top_k[rows],
+                    top_p=self.top_p[rows], seed=self.seed[rows], offset=self.offset[rows])
+
+
+class RolloutEngine:
+    """Generates samples for requests with a target model and a preallocated KV cache; with a
+    drafter, speculatively (lossless) at the steps a strategy policy chooses."""
+
+    def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig(),
+                 drafter: Drafter | None = None):
         self.model = model
         self.config = config
+        self.drafter = drafter
         model_config = model.config
         self.vocab_size = model_config.vocab_size
-        self.cache = KVCache(
-            CacheShape(model_config.num_layers, config.max_batch, model_config.num_kv_heads,
-                       config.max_len, model_config.head_dim),
-            dtype=next(model.parameters()).dtype, device=next(model.parameters()).device,
-            budget_bytes=config.cache_budget_bytes)
+        if drafter is not None and drafter.target is not model:
+            raise ValueError("drafter: was built for another target model; attach it to this one")
+        weight = next(model.parameters())
+        reserve = config.spec_reserve if drafter is not None else 0
+        shape = CacheShape(model_config.num_layers, config.max_batch, model_config.num_kv_heads,
+                           config.max_len + reserve, model_config.head_dim)
+        budget = config.cache_budget_bytes
+        if drafter is not None and budget is not None:
+            budget -= shape.bytes(weight.dtype) // model_config.num_layers  # the drafter's one layer
+            if budget < 0:
+                raise CacheBudgetError(f"budget_bytes: {config.cache_budget_bytes:,} bytes do "
+                                       "not hold the drafter's cache; raise the budget")
+        self.cache = KVCache(shape, dtype=weight.dtype, device=weight.device, budget_bytes=budget)
+        self.draft_cache = (None if drafter is None else
+                            drafter.new_cache(config.max_batch, config.max_len + reserve))
+        self.rows = _RowState(config.max_batch, model_config.hidden_size, weight.dtype,
+                              weight.device)
 
     # ---- public ------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, requests: Sequence[Request]) -> RolloutResult:
+    def generate(self, requests: Sequence[Request], strategy: StrategyPolicy = None
+                 ) -> RolloutResult:
+        """Runs every request to completion. strategy: None (plain decoding), a Strategy (every
+        step speculative) or a policy called before each step with the running batch size
+        that returns a Strategy or None for that step. Speculation never changes what is
+        sampled: outputs follow the target's distribution exactly, greedy rows token for token."""
+        policy = self._policy(strategy)
         waiting = self._expand(requests)
         running: list[_Sample] = []
         finished: list[Rollout] = []
-        trace_time, trace_running = [], []
+        trace_time, trace_running, spec_steps = [], [], []
         self.cache.lengths.zero_()
+        self._drafting = policy is not None  # keep the drafter's cache current
+        if self._drafting:
+            self.draft_cache.lengths.zero_()
         start = time.perf_counter()
         clock = lambda: time.perf_counter() - start  # noqa: E731
         steps = 0
@@ -184,74 +287,171 @@ class RolloutEngine:
             self._schedule(waiting, running, finished, clock)
             if not running:
                 continue
-            logits = self._forward(running)  # (B, V)
-            tokens, logprobs = self._sample(running, logits)
-            self._commit(running, tokens, logprobs, finished, clock)
+            batch = len(running)
+            chosen = None if policy is None else policy(batch)
+            if chosen is None:
+                self._plain_step(running)
+            else:
+                spec_steps.append(self._speculative_step(running, chosen, steps))
+            self._retire(running, finished, clock)
             steps += 1
             trace_time.append(clock())
-            trace_running.append(len(tokens))
+            trace_running.append(batch)
         finished.sort(key=lambda r: (r.request_index, r.sample_index))
         return RolloutResult(finished, torch.tensor(trace_time, dtype=torch.float64),
-                             torch.tensor(trace_running, dtype=torch.int64), clock(), steps)
+                             torch.tensor(trace_running, dtype=torch.int64), clock(), steps,
+                             tuple(spec_steps))
 
-    # ---- the four steps ----------------------------------------------------------------------
+    # ---- the steps ---------------------------------------------------------------------------
 
     def _schedule(self, waiting: list[_Sample], running: list[_Sample], finished: list[Rollout],
                   clock) -> None:
         """Admit waiting samples into the free rows after the running block: prefill their
-        prompts in one batched forward (right-padded; padding sits after each prompt, so causal
+        prompts in one batched pass (right-padded; padding sits after each prompt, so causal
         attention never lets a prompt token see it) and sample their first tokens."""
         admitted: list[_Sample] = []
         while waiting and len(running) + len(admitted) < self.config.max_batch:
             admitted.append(waiting.pop(0))
         if not admitted:
             return
-        first_row, now = len(running), clock()
-        view = self.cache.rows(first_row, len(admitted))
+        first_row, count, now = len(running), len(admitted), clock()
+        view = self.cache.rows(first_row, count)
         view.lengths.zero_()
         prompt_lens = torch.tensor([len(s.prompt_ids) for s in admitted])  # (B_new,)
-        prompts = torch.zeros(len(admitted), int(prompt_lens.max()), dtype=torch.int64)  # (B_new, T)
+        prompts = torch.zeros(count, int(prompt_lens.max()), dtype=torch.int64)  # (B_new, T)
         for row, sample in enumerate(admitted):
             prompts[row, :len(sample.prompt_ids)] = torch.tensor(sample.prompt_ids)
             sample.admitted_s = now
+            self.rows.admit(first_row + row, sample)
         positions = torch.arange(prompts.shape[1]).expand_as(prompts)  # (B_new, T)
-        logits = self.model(prompts, positions, view).logits  # (B_new, T, V)
+        out = self.model.step(prompts, positions, view, hidden_layers=self._feature_layers())
         view.commit(prompt_lens)
-        running.extend(admitted)
-        tokens, logprobs = self._sample(admitted, logits[torch.arange(len(admitted)), prompt_lens - 1])
+        rows = slice(first_row, first_row + count)
+        last_index = torch.arange(count), prompt_lens - 1
+        tokens, logprobs = _sample_roots(out.logits[last_index], prompts[last_index],
+                                         **self.rows.sampling(rows))
+        if self._drafting:  # pairs (f_t, x_{t+1}): the prompt shifted by one, then the new token
+            following = torch.cat((prompts[:, 1:], prompts[:, :1]), dim=1)
+            following[last_index] = tokens
+            self._drafter_extend(first_row, following, out.hidden_states, prompt_lens)
+        self.rows.last[rows] = tokens
+        self.rows.offset[rows] += 1
         now = clock()
         for sample, token, logprob in zip(admitted, tokens.tolist(), logprobs.tolist()):
             sample.first_token_s = now
-            self._append(sample, token, logprob)
-        for row in range(len(running) - 1, first_row - 1, -1):  # a stop id or max_tokens = 1
-            if self._done(running[row]) is not None:
-                self._finish(running, row, finished, clock)
+            self._append(sample, [token], [logprob])
+        running.extend(admitted)
+        self._retire(running, finished, clock)  # a stop id or max_tokens = 1
 
-    def _forward(self, running: list[_Sample]) -> torch.Tensor:
-        """One decode step: feed each row's last sampled token; returns next-token logits."""
+    def _plain_step(self, running: list[_Sample]) -> None:
+        """One token per row: feed each row's root, sample the next token, commit."""
         batch = len(running)
         view = self.cache.rows(0, batch)
-        last = torch.tensor([s.tokens[-1] for s in running], dtype=torch.int64)  # (B,)
-        logits = self.model.decode(last, view)  # (B, V)
+        roots = self.rows.last[:batch]
+        if self._drafting:  # the features too, for the drafter's catch-up
+            out = self.model.step(roots[:, None], view.lengths[:, None], view,
+                                  hidden_layers=self._feature_layers())
+            logits = out.logits[:, 0]
+        else:
+            logits = self.model.decode(roots, view)  # (B, V)
         view.commit(torch.ones(batch, dtype=torch.int64))
-        return logits
+        tokens, logprobs = _sample_roots(logits, roots, **self.rows.sampling(slice(0, batch)))
+        if self._drafting:
+            self._drafter_extend(0, tokens[:, None], out.hidden_states,
+                                 torch.ones(batch, dtype=torch.int64))
+        self.rows.last[:batch] = tokens
+        self.rows.offset[:batch] += 1
+        for sample, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
+            self._append(sample, [token], [logprob])
 
-    def _sample(self, samples: list[_Sample], logits: torch.Tensor):
-        last = torch.tensor([s.tokens[-1] if s.tokens else s.prompt_ids[-1] for s in samples])
-        seeds = torch.tensor([s.seed for s in samples], dtype=torch.int64)
-        offsets = torch.tensor([len(s.tokens) for s in samples], dtype=torch.int64)
-        return sample_next(logits, last, [s.params for s in samples], seeds, offsets)
+    def _speculative_step(self, running: list[_Sample], strategy: Strategy,
+                          step: int) -> SpecStepStats:
+        """Draft a tree per row, verify it in one target pass, keep the accepted path and the
+        corrected / bonus token, and bring both caches and the drafter's state up to date."""
+        batch, N = len(running), strategy.num_verify_tokens
+        view, draft_view = self.cache.rows(0, batch), self.draft_cache.rows(0, batch)
+        roots = self.rows.last[:batch]
+        t0 = time.perf_counter()
+        tree = draft_tree(self.drafter, draft_view, roots, self.rows.draft_hidden[:batch],
+                          strategy)
+        t1 = time.perf_counter()
+        meta = ops.tree_metadata(tree.parents, tree.num_nodes, view.lengths)
+        out = self.model.step(tree.tokens, meta.positions, view,
+                              tree_mask=ops.unpack_tree_mask(meta.mask, N),
+                              hidden_layers=self._feature_layers())
+        verdict = ops.verify_tree_sampling(
+            out.logits, tree.tokens, tree.parents, num_nodes=tree.num_nodes, validate=False,
+            **self.rows.sampling(slice(0, batch)))
+        _check_emitted(verdict.emitted_tokens[:, 0])
+        t2 = time.perf_counter()
+        counts = verdict.num_accepted.to(torch.int64) + 1  # (B,) tokens each row emits
+        view.compact(verdict.accept_index, verdict.num_accepted)
+        width = int(counts.max())
+        path = verdict.accept_index[:, :width].clamp(min=0).long()  # (B, width) accepted nodes
+        path_hidden = [h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
+                       for h in out.hidden_states]
+        emitted = verdict.emitted_tokens[:, :width]
+        self._drafter_extend(0, emitted.clamp(min=0), path_hidden, counts)
+        self.rows.last[:batch] = emitted.gather(1, (counts - 1)[:, None])[:, 0]
+        self.rows.offset[:batch] += counts
+        for sample, n, tokens, logprobs in zip(running, counts.tolist(), emitted.tolist(),
+                                               verdict.emitted_logprobs.tolist()):
+            self._append(sample, tokens[:n], logprobs[:n])
+        t3 = time.perf_counter()
+        drafted = int((tree.num_nodes - 1).sum())
+        emitted_total = int(counts.sum())
+        return SpecStepStats(step, batch, str(strategy), drafted, emitted_total - batch,
+                             emitted_total, t1 - t0, t2 - t1, t3 - t2)
 
-    def _commit(self, running: list[_Sample], tokens: torch.Tensor, logprobs: torch.Tensor,
-                finished: list[Rollout], clock) -> None:
-        for sample, token, logprob in zip(list(running), tokens.tolist(), logprobs.tolist()):
-            self._append(sample, token, logprob)
+    def _drafter_extend(self, first_row: int, following: torch.Tensor,
+                        target_hidden: Sequence[torch.Tensor], counts: torch.Tensor) -> None:
+        """Commit drafter pairs (f_t, x_{t+1}) for the positions the target just committed:
+        following (B, T) the tokens x_{t+1}, target_hidden the target's feature-layer outputs
+        (B, T, H) at t, counts (B,) valid pairs per row (padding after them is written to
+        uncommitted slots and seen by no valid pair). Keeps each row's last output."""
+        batch, width = following.shape
+        view = self.draft_cache.rows(first_row, batch)
+        positions = view.lengths[:, None] + torch.arange(width)  # (B, T)
+        features = self.drafter.features(target_hidden)
+        hidden = self.drafter(following, features, positions, view)  # (B, T, H)
+        view.commit(counts)
+        self.rows.draft_hidden[first_row:first_row + batch] = hidden[torch.arange(batch),
+                                                                      counts - 1]
+
+    def _retire(self, running: list[_Sample], finished: list[Rollout], clock) -> None:
         # Back to front, so moving the last running row into a freed one never skips a row.
         for row in range(len(running) - 1, -1, -1):
-            if self._done(running[row]) is not None:
+            if running[row].done is not None:
                 self._finish(running, row, finished, clock)
 
     # ---- helpers -----------------------------------------------------------------------------
+
+    def _policy(self, strategy: StrategyPolicy) -> Callable[[int], Strategy | None] | None:
+        if strategy is None:
+            return None
+        if self.drafter is None:
+            raise ValueError("strategy: speculative decoding needs a drafter; build the engine "
+                             "with RolloutEngine(model, config, drafter)")
+        reserve = self.config.spec_reserve
+
+        def checked(chosen: Strategy | None) -> Strategy | None:
+            if chosen is not None:
+                if not isinstance(chosen, Strategy):
+                    raise TypeError(f"strategy: expected a Strategy or None, got {chosen!r}")
+                if max(chosen.num_verify_tokens, chosen.fed_nodes) > reserve:
+                    raise ValueError(f"strategy: {chosen} needs {max(chosen.num_verify_tokens, chosen.fed_nodes)} "
+                                     f"cache slots past max_len; EngineConfig.spec_reserve is {reserve}")
+            return chosen
+
+        if isinstance(strategy, Strategy):
+            checked(strategy)
+            return lambda batch: strategy
+        if callable(strategy):
+            return lambda batch: checked(strategy(batch))
+        raise TypeError(f"strategy: expected None, a Strategy or a callable, got {strategy!r}")
+
+    def _feature_layers(self) -> tuple[int, ...]:
+        return self.drafter.config.feature_layers if self._drafting else ()
 
     def _expand(self, requests: Sequence[Request]) -> list[_Sample]:
         samples = []
@@ -278,29 +478,34 @@ class RolloutEngine:
         return samples
 
     @staticmethod
-    def _append(sample: _Sample, token: int, logprob: float) -> None:
-        sample.tokens.append(token)
-        sample.logprobs.append(logprob)
-
-    @staticmethod
-    def _done(sample: _Sample) -> str | None:
-        if sample.tokens[-1] in sample.params.stop_ids:
-            return "stop"
-        if len(sample.tokens) >= sample.params.max_tokens:
-            return "length"
-        return None
+    def _append(sample: _Sample, tokens: list[int], logprobs: list[float]) -> None:
+        """Appends a step's tokens, up to a stop id or max_tokens (what a speculative step
+        emits past either is dropped: plain decoding would never have produced it)."""
+        for token, logprob in zip(tokens, logprobs):
+            sample.tokens.append(token)
+            sample.logprobs.append(logprob)
+            if token in sample.params.stop_ids:
+                sample.done = "stop"
+            elif len(sample.tokens) >= sample.params.max_tokens:
+                sample.done = "length"
+            if sample.done is not None:
+                return
 
     def _finish(self, running: list[_Sample], row: int, finished: list[Rollout], clock) -> None:
         sample = running[row]
-        reason = self._done(sample)
         rollout = Rollout(sample.request_index, sample.sample_index, sample.prompt_ids,
                           torch.tensor(sample.tokens, dtype=torch.int64),
-                          torch.tensor(sample.logprobs, dtype=torch.float32), reason,
+                          torch.tensor(sample.logprobs, dtype=torch.float32), sample.done,
                           RequestTiming(sample.admitted_s, sample.first_token_s, clock()))
         last = len(running) - 1
         if row != last:
             self.cache.move_row(last, row)
+            if self._drafting:
+                self.draft_cache.move_row(last, row)
+            self.rows.move(last, row)
             running[row] = running[last]
         running.pop()
         self.cache.lengths[last] = 0
+        if self._drafting:
+            self.draft_cache.lengths[last] = 0
         finished.append(rollout)

@@ -1,0 +1,158 @@
+"""The EAGLE-style drafter: one decoder layer that predicts the target's next hidden state.
+
+At position t the drafter takes the target's feature f_t (the hidden state after x_t) and the
+embedding of the next token x_{t+1}, fuses them (linear 2H -> H), runs one decoder layer and
+returns f'_{t+1}, its guess of the target's feature at t+1; the target's final norm and LM head
+turn that into a distribution over x_{t+2}. Drafting deeper feeds f' back in place of f.
+
+EAGLE-3 style fusion: with `feature_layers` naming several target layers (e.g. low, middle and
+high), f_t is the concatenation of their outputs, reduced to H by a `fuse` linear first; the
+drafter's own outputs are already H wide and skip it.
+
+The embedding, final norm and LM head are the target's own tensors, used detached: they are
+never copied into the drafter, never receive gradients and are never written (the drafter holds
+the target outside its module tree, so its state_dict, parameters() and .to() never include
+them). The drafter's trainable tensors are `fuse` (EAGLE-3 only), `fc` and `layer`.
+
+Position bookkeeping (the engine's invariant): the drafter's cache holds the pairs
+(f_t, x_{t+1}) for every position t the target's cache holds, so both caches have the same
+length, and the drafter's output at the last pair predicts the token after the root.
+
+Shapes: B rows, T tokens, H hidden size, F number of feature layers, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from tlt_core.attention_plan import AttentionPlan, attention_plan
+from tlt_core.decode import PackedLayers, plan_for, run_layers
+from tlt_core.kv_cache import CacheShape, KVCache
+from tlt_core.model import DecoderLayer, Transformer
+
+DRAFTER_CONFIG_FILE = "drafter_config.json"
+DRAFTER_WEIGHTS_FILE = "drafter.safetensors"
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    # Target layers whose outputs form the feature f_t: (-1,) is EAGLE-1/2 (the last layer's
+    # output, before the final norm); several layers is EAGLE-3 style fusion.
+    feature_layers: tuple[int, ...] = (-1,)
+
+    def __post_init__(self):
+        layers = tuple(int(i) for i in self.feature_layers)
+        if not layers or len(set(layers)) != len(layers):
+            raise ValueError(f"feature_layers: need one or more distinct layer indices, got "
+                             f"{self.feature_layers!r}")
+        object.__setattr__(self, "feature_layers", layers)
+
+
+class Drafter(nn.Module):
+    def __init__(self, target: Transformer, config: DrafterConfig = DrafterConfig()):
+        super().__init__()
+        for index in config.feature_layers:
+            target._layer_index(index)  # raises, naming feature_layers' bad entry
+        self.config = config
+        self._target = (target,)  # a tuple hides it from nn.Module: shared, not owned
+        hidden = target.config.hidden_size
+        width = len(config.feature_layers)
+        self.fuse = nn.Linear(width * hidden, hidden, bias=False) if width > 1 else None
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.layer = DecoderLayer(target.config)
+        self._packed = PackedLayers(lambda: [self.layer], target.config)  # for inference
+        self.to(dtype=target.lm_head.weight.dtype, device=target.lm_head.weight.device)
+
+    @property
+    def target(self) -> Transformer:
+        return self._target[0]
+
+    def new_cache(self, batch: int, max_len: int, budget_bytes: int | None = None) -> KVCache:
+        c = self.target.config
+        return KVCache(CacheShape(1, batch, c.num_kv_heads, max_len, c.head_dim),
+                       dtype=self.fc.weight.dtype, device=self.fc.weight.device,
+                       budget_bytes=budget_bytes)
+
+    # ---- the computation ---------------------------------------------------------------------
+
+    def features(self, target_hidden: Sequence[torch.Tensor]) -> torch.Tensor:
+        """f_t (..., H) from the target's outputs at feature_layers (each (..., H), in order)."""
+        if self.fuse is None:
+            return target_hidden[0]
+        return self.fuse(torch.cat(tuple(target_hidden), dim=-1))
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, *, tree_mask: torch.Tensor | None = None,
+                plan: AttentionPlan | None = None) -> torch.Tensor:
+        """tokens (B, T) int64: x_{t+1}; features (B, T, H): f_t (or the drafter's own f');
+        positions (B, T) int64: t. With a cache, token i of row b is written to slot
+        cache.lengths[b] + i and sees the committed slots plus what tree_mask allows (causal
+        by default), exactly like the target; `plan` replaces that plan outright (the draft
+        tree, whose nodes see their ancestors among uncommitted slots). Returns f' (B, T, H);
+        logits(f') is the distribution of the token after each x_{t+1}."""
+        target = self.target
+        embedded = F.embedding(tokens, target.model.embed_tokens.weight.detach())  # (B, T, H)
+        h = self.fc(torch.cat((embedded, features.to(embedded.dtype)), dim=-1))  # (B, T, H)
+        if cache is not None and not torch.is_grad_enabled():  # inference: the packed layer
+            if plan is None:
+                plan = plan_for(tokens, cache, tree_mask)
+            B, T = tokens.shape
+            h, _ = run_layers(self._packed, h.view(B * T, -1), positions,
+                              target.model.rotary_emb, [cache.data[0]], plan)
+            return h.view(B, T, -1)
+        if plan is None:
+            plan = attention_plan(tokens.shape, cache, tree_mask, tokens.device)
+        cos, sin = target.model.rotary_emb(positions, h.dtype)  # (B, T, d) each
+        return self.layer(h, cos, sin, plan, None if cache is None else cache.layer(0))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) drafter outputs -> (..., V) float32 logits, through the target's final norm
+        and LM head (detached)."""
+        norm = self.target.model.norm
+        normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), eps=norm.eps).to(hidden.dtype)
+        return F.linear(normed * norm.weight.detach(), self.target.lm_head.weight.detach()).float()
+
+    # ---- checkpoints -------------------------------------------------------------------------
+
+    def save(self, folder: str | Path, metadata: dict | None = None) -> None:
+        """Writes the trainable tensors (safetensors) and the config, plus free-form metadata
+        (provenance); the target's tensors are not written."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
+        save_file(tensors, str(folder / DRAFTER_WEIGHTS_FILE))
+        record = {"drafter": {"feature_layers": list(self.config.feature_layers)},
+                  "target": self.target.config.to_hf_config(), "metadata": metadata or {}}
+        (folder / DRAFTER_CONFIG_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, folder: str | Path, target: Transformer) -> Drafter:
+        """A drafter saved by save(), attached to `target` (which must have the same shape as
+        the target it was trained for)."""
+        folder = Path(folder)
+        config_path, weights_path = folder / DRAFTER_CONFIG_FILE, folder / DRAFTER_WEIGHTS_FILE
+        for path in (config_path, weights_path):
+            if not path.is_file():
+                raise FileNotFoundError(f"folder: {folder} has no {path.name}; is it a drafter "
+                                        "saved by Drafter.save?")
+        record = json.loads(config_path.read_text())
+        config = DrafterConfig(tuple(record["drafter"]["feature_layers"]))
+        saved_for = record["target"]
+        mine = target.config.to_hf_config()
+        for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+                    "head_dim", "intermediate_size"):
+            if saved_for.get(key) != mine.get(key):
+                raise ValueError(f"target: this drafter was trained for {key} = "
+                                 f"{saved_for.get(key)}, the target has {mine.get(key)}")
+        drafter = cls(target, config)
+        state = load_file(str(weights_path), device=str(target.lm_head.weight.device))
+        drafter.load_state_dict(state, strict=True)
+        return drafter

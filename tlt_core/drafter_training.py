@@ -1,0 +1,197 @@
+"""Training the drafter: the data record, the EAGLE loss, one train step, and the offline warm-up.
+
+A `DraftRecord` is one sequence as the target saw it: its token ids and, at every position t,
+the target's outputs at the drafter's feature layers plus its last layer. Records come from a
+target pass the rollout already made (the online harvest, next issue) or, offline, from one
+pass over the target's own responses (`collect_records`). Pairing is by position, never by
+guesswork: the drafter's input at t is (f_t, x_{t+1}); its output f'_{t+1} is trained
+- to regress onto the target's last-layer hidden state at t + 1 (smooth L1), and
+- to give, through the target's (frozen) norm and LM head, the target's own distribution of
+  x_{t+2} (cross-entropy against the soft target distribution),
+weighted 1.0 and 0.1 as in EAGLE. Only the drafter's own tensors are optimised; the target's
+embedding and head are used detached (tlt_core.drafter).
+
+Shapes: B records in a batch, T positions, F feature layers, H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from tlt_core.drafter import Drafter, DrafterConfig
+from tlt_core.model import Transformer
+
+REGRESSION_WEIGHT, TOKEN_WEIGHT = 1.0, 0.1  # EAGLE's weights for the two loss terms
+
+
+@dataclass(frozen=True)
+class DraftRecord:
+    """One sequence for drafter training, exactly as the target computed it."""
+
+    tokens: torch.Tensor  # (T,) int64: x_0 .. x_{T-1}
+    features: torch.Tensor  # (T, F, H): target outputs at the drafter's feature layers
+    last_hidden: torch.Tensor  # (T, H): target's last-layer output (pre-norm) at each t
+
+    def __post_init__(self):
+        T = self.tokens.shape[0]
+        if self.tokens.dim() != 1 or T < 2:
+            raise ValueError(f"tokens: need a (T,) sequence with T >= 2, got {tuple(self.tokens.shape)}")
+        if self.features.dim() != 3 or self.features.shape[0] != T:
+            raise ValueError(f"features: expected ({T}, F, H), got {tuple(self.features.shape)}")
+        if self.last_hidden.shape != (T, self.features.shape[2]):
+            raise ValueError(f"last_hidden: expected ({T}, {self.features.shape[2]}), got "
+                             f"{tuple(self.last_hidden.shape)}")
+
+
+@torch.no_grad()
+def collect_records(target: Transformer, sequences: Sequence[Sequence[int]],
+                    feature_layers: Sequence[int]) -> list[DraftRecord]:
+    """Records for full token sequences (prompt + response), from one target pass each."""
+    layers = list(feature_layers) + [-1]
+    records = []
+    for sequence in sequences:
+        ids = torch.tensor([list(sequence)], dtype=torch.int64)
+        out = target(ids, torch.arange(ids.shape[1])[None], hidden_layers=layers)
+        hidden = out.hidden_states
+        records.append(DraftRecord(ids[0], torch.stack(hidden[:-1], dim=2)[0], hidden[-1][0]))
+    return records
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    tokens: torch.Tensor  # (B, T) int64, right-padded
+    features: torch.Tensor  # (B, T, F, H)
+    last_hidden: torch.Tensor  # (B, T, H)
+    mask: torch.Tensor  # (B, T - 1) bool: position t is a real training pair (t + 1 < length)
+
+
+def make_batch(records: Sequence[DraftRecord]) -> DraftBatch:
+    width = max(r.tokens.shape[0] for r in records)
+    B, (_, nf, H) = len(records), records[0].features.shape
+    tokens = torch.zeros(B, width, dtype=torch.int64)
+    features = torch.zeros(B, width, nf, H, dtype=records[0].features.dtype)
+    last = torch.zeros(B, width, H, dtype=records[0].last_hidden.dtype)
+    mask = torch.zeros(B, width - 1, dtype=torch.bool)
+    for b, r in enumerate(records):
+        n = r.tokens.shape[0]
+        tokens[b, :n], features[b, :n], last[b, :n] = r.tokens, r.features, r.last_hidden
+        mask[b, :n - 1] = True
+    return DraftBatch(tokens, features, last, mask)
+
+
+def eagle_loss(drafter: Drafter, batch: DraftBatch) -> tuple[torch.Tensor, dict]:
+    """EAGLE loss over every real pair of the batch, teacher-forced with the target's features.
+    Returns (loss, {"regression", "token", "top1"}) — top1 is the share of pairs where the
+    drafter's argmax equals the target's, a cheap acceptance proxy."""
+    tokens, mask = batch.tokens, batch.mask
+    B, T = tokens.shape
+    features = drafter.features(batch.features[:, :-1].unbind(dim=2))  # (B, T-1, H): f_t
+    positions = torch.arange(T - 1)[None].expand(B, T - 1)
+    predicted = drafter(tokens[:, 1:], features, positions)  # (B, T-1, H): f'_{t+1}
+    truth = batch.last_hidden[:, 1:]  # (B, T-1, H): the target's hidden at t + 1
+    regression = F.smooth_l1_loss(predicted[mask], truth[mask])
+    logits = drafter.logits(predicted[mask])  # (P, V)
+    with torch.no_grad():
+        target_probs = torch.softmax(drafter.logits(truth[mask]), -1)  # (P, V)
+    token = -(target_probs * torch.log_softmax(logits, -1)).sum(-1).mean()
+    top1 = (logits.argmax(-1) == target_probs.argmax(-1)).float().mean()
+    loss = REGRESSION_WEIGHT * regression + TOKEN_WEIGHT * token
+    return loss, {"regression": regression.item(), "token": token.item(), "top1": top1.item()}
+
+
+def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftBatch,
+               grad_clip: float = 1.0) -> dict:
+    """One optimizer step on the EAGLE loss; the metrics of eagle_loss plus "loss"."""
+    drafter.train()
+    loss, metrics = eagle_loss(drafter, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(drafter.parameters(), grad_clip)
+    optimizer.step()
+    drafter.eval()
+    return {"loss": loss.item(), **metrics}
+
+
+def make_optimizer(drafter: Drafter, lr: float) -> torch.optim.Optimizer:
+    """AdamW over the drafter's own tensors (the target's are not among its parameters)."""
+    return torch.optim.AdamW(drafter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+# ---- offline warm-up for the embedded target ----------------------------------------------------
+
+@dataclass(frozen=True)
+class DrafterWarmupConfig:
+    seed: int = 0
+    num_problems: int = 768  # task prompts whose target responses form the training set
+    steps: int = 600
+    batch_size: int = 32
+    lr: float = 3e-3
+    feature_layers: tuple[int, ...] = (-1,)
+
+
+@dataclass(frozen=True)
+class DrafterWarmupReport:
+    steps: int
+    train_seconds: float
+    final_loss: float  # mean over the last 50 steps
+    final_top1: float  # mean teacher-forced top-1 agreement over the last 50 steps
+
+
+def warm_up_drafter(target: Transformer, config: DrafterWarmupConfig = DrafterWarmupConfig(), *,
+                    progress: bool = True) -> tuple[Drafter, DrafterWarmupReport]:
+    """A drafter for the embedded target, trained on the target's own sampled responses
+    (temperature 1) to task prompts."""
+    from tqdm import tqdm
+
+    from tlt_core.task import TaskConfig, generate_problems
+    from tlt_core.warmup import sample_responses
+
+    torch.manual_seed(config.seed)
+    problems = generate_problems(TaskConfig(seed=config.seed + 777, num_problems=config.num_problems))
+    rollouts = sample_responses(target, problems)
+    records = collect_records(target, [list(r.prompt_ids) + r.tokens.tolist() for r in rollouts],
+                              config.feature_layers)
+    drafter = Drafter(target, DrafterConfig(config.feature_layers))
+    optimizer = make_optimizer(drafter, config.lr)
+    order = random.Random(config.seed)
+    history, start = [], time.perf_counter()
+    bar = tqdm(total=config.steps, disable=not progress, desc="drafter warm-up", unit="step")
+    for step in range(config.steps):
+        for group in optimizer.param_groups:  # cosine from lr to lr / 10
+            group["lr"] = config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / config.steps)))
+        history.append(train_step(drafter, optimizer,
+                                  make_batch(order.sample(records, config.batch_size))))
+        bar.update()
+        bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", top1=f"{history[-1]['top1']:.3f}")
+    bar.close()
+    tail = history[-50:]
+    report = DrafterWarmupReport(config.steps, time.perf_counter() - start,
+                                 sum(h["loss"] for h in tail) / len(tail),
+                                 sum(h["top1"] for h in tail) / len(tail))
+    return drafter.eval(), report
+
+
+def load_or_warm_up_drafter(target: Transformer, target_folder: Path,
+                            config: DrafterWarmupConfig = DrafterWarmupConfig(), *,
+                            progress: bool = True) -> tuple[Drafter, DrafterWarmupReport]:
+    """warm_up_drafter, cached next to the target's checkpoint (keyed by the config)."""
+    key = json.dumps(asdict(config), sort_keys=True)
+    folder = Path(target_folder) / f"drafter-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    report_path = folder / "drafter_warmup_report.json"
+    if report_path.is_file():
+        return (Drafter.load(folder, target).eval(),
+                DrafterWarmupReport(**json.loads(report_path.read_text())))
+    drafter, report = warm_up_drafter(target, config, progress=progress)
+    drafter.save(folder, metadata={"warmup": asdict(config)})
+    report_path.write_text(json.dumps(asdict(report), indent=1) + "\n")
+    return drafter, report
