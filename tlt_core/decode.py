@@ -86,6 +86,21 @@ class PackedLayers:
         self.sources: list[tuple[dict, str]] = []
         self.key: tuple = ()
         self.eps: torch.Tensor | None = None  # () float32 on the weights' device
+        self.rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin_signed
+
+    def rope(self, rotary: nn.Module, positions: torch.Tensor, bound: int, dtype: torch.dtype
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin_signed (B, T, 1, d) at positions (all < bound), looked up in tables the
+        rotary module fills (the same float32 math, two index ops instead of eight)."""
+        if self.rope_tables is None or self.rope_tables[0].shape[0] < bound or \
+                self.rope_tables[0].dtype != dtype or self.rope_tables[0].device != positions.device:
+            size = max(bound, 2 * (0 if self.rope_tables is None else self.rope_tables[0].shape[0]), 256)
+            cos, sin = rotary(torch.arange(size, device=positions.device), dtype)  # (P, d)
+            half = cos.shape[-1] // 2
+            sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+            self.rope_tables = cos[:, None], sin_signed[:, None]  # (P, 1, d) each
+        cos, sin_signed = self.rope_tables
+        return cos[positions], sin_signed[positions]
 
     def _key(self) -> tuple:
         return tuple((params[name].data_ptr(), params[name]._version)
@@ -131,10 +146,10 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     config = layers.config
     (B, T), d = positions.shape, config.head_dim
     H_q, H_kv, half = config.num_heads, config.num_kv_heads, config.head_dim // 2
-    cos, sin = rotary(positions, h.dtype)  # (B, T, d) each
-    sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, :, None]
-    cos = cos[:, :, None]  # (B, T, 1, d), like sin_signed
+    cos, sin_signed = layers.rope(rotary, positions, plan.read_len, h.dtype)  # (B, T, 1, d)
     rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
+    cache_dtype = cache_layers[0].dtype
+    same_dtype = cache_dtype == h.dtype  # skip .to() calls: each costs a dispatch
     saved = {}
     for index, packed in enumerate(layers.get()):
         x = _norm(h, packed.input_norm, layers.eps)  # (B T, H)
@@ -149,11 +164,13 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
         layer_kv = cache_layers[index]  # (2, B, H_kv, T_max, d)
         # Advanced indices split by a slice put the index dims first: the target is
         # (B, T, 2, H_kv, d), exactly the k|v part of qkv.
-        layer_kv[:, rows, :, plan.write_slots] = qkv[:, :, H_q:].view(B, T, 2, H_kv, d).to(
-            layer_kv.dtype)
+        new_kv = qkv[:, :, H_q:].view(B, T, 2, H_kv, d)
+        layer_kv[:, rows, :, plan.write_slots] = new_kv if same_dtype else new_kv.to(cache_dtype)
+        keys, values = layer_kv[0, :, :, :plan.read_len], layer_kv[1, :, :, :plan.read_len]
+        if not same_dtype:
+            keys, values = keys.to(h.dtype), values.to(h.dtype)
         out = F.scaled_dot_product_attention(
-            qkv[:, :, :H_q].transpose(1, 2), layer_kv[0, :, :, :plan.read_len].to(qkv.dtype),
-            layer_kv[1, :, :, :plan.read_len].to(qkv.dtype), attn_mask=plan.mask,
+            qkv[:, :, :H_q].transpose(1, 2), keys, values, attn_mask=plan.mask,
             enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
         h = torch.addmm(h, out.transpose(1, 2).reshape(B * T, H_q * d), packed.o)  # + o_proj
         if packed.o_bias is not None:

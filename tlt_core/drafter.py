@@ -59,8 +59,11 @@ class DrafterConfig:
 class Drafter(nn.Module):
     def __init__(self, target: Transformer, config: DrafterConfig = DrafterConfig()):
         super().__init__()
-        for index in config.feature_layers:
-            target._layer_index(index)  # raises, naming feature_layers' bad entry
+        layers = target.config.num_layers
+        bad = [i for i in config.feature_layers if not -layers <= i < layers]
+        if bad:
+            raise ValueError(f"feature_layers: layer {bad[0]} is out of range for a target with "
+                             f"{layers} layers")
         self.config = config
         self._target = (target,)  # a tuple hides it from nn.Module: shared, not owned
         hidden = target.config.hidden_size
@@ -116,9 +119,12 @@ class Drafter(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) drafter outputs -> (..., V) float32 logits, through the target's final norm
         and LM head (detached)."""
-        norm = self.target.model.norm
+        norm, head = self.target.model.norm, self.target.lm_head.weight.detach()
+        if hidden.dtype == torch.float32:
+            return F.linear(F.rms_norm(hidden, (hidden.shape[-1],), norm.weight.detach(), norm.eps),
+                            head)
         normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), eps=norm.eps).to(hidden.dtype)
-        return F.linear(normed * norm.weight.detach(), self.target.lm_head.weight.detach()).float()
+        return F.linear(normed * norm.weight.detach(), head).float()
 
     # ---- checkpoints -------------------------------------------------------------------------
 

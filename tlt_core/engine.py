@@ -375,9 +375,12 @@ class RolloutEngine:
         tree = draft_tree(self.drafter, draft_view, roots, self.rows.draft_hidden[:batch],
                           strategy)
         t1 = time.perf_counter()
-        meta = ops.tree_metadata(tree.parents, tree.num_nodes, view.lengths)
-        out = self.model.step(tree.tokens, meta.positions, view,
-                              tree_mask=ops.unpack_tree_mask(meta.mask, N),
+        if strategy.topk == 1:  # a chain: node i sits at depth i and sees nodes 0..i (causal)
+            positions, tree_mask = view.lengths[:, None] + torch.arange(N), None
+        else:
+            meta = ops.tree_metadata(tree.parents, tree.num_nodes, view.lengths)
+            positions, tree_mask = meta.positions, ops.unpack_tree_mask(meta.mask, N)
+        out = self.model.step(tree.tokens, positions, view, tree_mask=tree_mask,
                               hidden_layers=self._feature_layers())
         verdict = ops.verify_tree_sampling(
             out.logits, tree.tokens, tree.parents, num_nodes=tree.num_nodes, validate=False,

@@ -84,7 +84,7 @@ class KVCache:
     def compact(self, accept_index: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """After a tree verification: move each row's accepted path (root included) to the
         slots after its prefix and commit it (num_accepted[b] + 1 tokens)."""
-        if self._parent is None:
+        if self._parent is None or self.data.is_contiguous():
             ops.compact_kv_(self.data, accept_index, num_accepted, self.lengths.to(torch.int32))
         else:
             # A rows() view is not contiguous, which the kernel needs: compact the whole cache,

@@ -75,21 +75,22 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
         raise ValueError(f"strategy: {strategy} drafts {strategy.fed_nodes} nodes past the "
                          f"drafter cache's {cache.shape.max_len} slots; raise the engine's "
                          "spec_reserve")
+    lengths = cache.lengths
+    shortest, longest = (int(n) for n in torch.aminmax(lengths))
+    if K == 1:
+        return _draft_chain(drafter, cache, roots, root_hidden, strategy, shortest == longest)
     scores, tokens = torch.log_softmax(drafter.logits(root_hidden), -1).topk(K, dim=-1)  # (B, K)
     cand_tokens, cand_scores = [tokens], [scores]
     cand_parents = [torch.full((B, K), -1, dtype=torch.int32, device=device)]
     frontier = tokens, scores, root_hidden[:, None].expand(B, K, -1)  # level 1: (B, K), (B, K, H)
     frontier_ids = torch.arange(K, device=device).expand(B, K)  # candidate index of each
-    ancestors = torch.eye(K, dtype=torch.bool, device=device).expand(B, K, K)  # (B, K, fed)
-    lengths, num_candidates = cache.lengths, K
-    shortest, longest = (int(n) for n in torch.aminmax(lengths))
+    num_candidates = K
+    # (B, K, fed): which of the fed nodes each frontier node sees (its ancestors and itself)
+    ancestors = torch.eye(K, dtype=torch.bool, device=device).expand(B, K, K)
     for level in range(1, strategy.depth):
         tokens, scores, features = frontier
         fed_before = (level - 1) * K
-        if K == 1 and shortest == longest:  # a chain on equal rows sees every slot: no mask
-            plan = AttentionPlan(None, lengths[:, None] + fed_before, longest + fed_before + 1)
-        else:
-            plan = _level_plan(lengths, ancestors, fed_before, K)
+        plan = _level_plan(lengths, ancestors, fed_before, K)
         positions = (lengths + level - 1)[:, None].expand(B, K)
         hidden = drafter(tokens, features, positions, cache, plan=plan)  # (B, K, H)
         child_scores, child_tokens = torch.log_softmax(drafter.logits(hidden), -1).topk(K, dim=-1)
@@ -109,6 +110,31 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
         num_candidates += K * K
     return ops.select_tree(torch.cat(cand_tokens, 1), torch.cat(cand_scores, 1),
                            torch.cat(cand_parents, 1), roots, strategy.num_verify_tokens)
+
+
+def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidden: torch.Tensor,
+                 strategy: Strategy, uniform: bool) -> ops.DraftTree:
+    """draft_tree for K = 1, without the tree bookkeeping: level j's node is candidate j - 1,
+    the child of candidate j - 2, and sees every fed slot (with no mask at all when the rows
+    have equal lengths)."""
+    B, depth, lengths = roots.shape[0], strategy.depth, cache.lengths
+    longest = int(lengths.max()) if uniform else 0
+    score, token = torch.log_softmax(drafter.logits(root_hidden), -1).max(-1, keepdim=True)
+    tokens, scores, hidden = [token], [score], root_hidden[:, None]  # (B, 1), (B, 1), (B, 1, H)
+    for level in range(1, depth):
+        if uniform:
+            plan = AttentionPlan(None, lengths[:, None] + level - 1, longest + level)
+        else:
+            every = torch.ones(B, 1, level, dtype=torch.bool, device=roots.device)
+            plan = _level_plan(lengths, every, level - 1, 1)
+        hidden = drafter(token, hidden, (lengths + level - 1)[:, None], cache, plan=plan)
+        step, token = torch.log_softmax(drafter.logits(hidden[:, 0]), -1).max(-1, keepdim=True)
+        score = score + step  # cumulative log q
+        tokens.append(token)
+        scores.append(score)
+    parents = torch.arange(-1, depth - 1, dtype=torch.int32, device=roots.device).expand(B, depth)
+    return ops.select_tree(torch.cat(tokens, 1), torch.cat(scores, 1), parents, roots,
+                           strategy.num_verify_tokens)
 
 
 def _level_plan(lengths: torch.Tensor, ancestors: torch.Tensor, fed_before: int,
