@@ -289,3 +289,20 @@ def test_bad_speculative_inputs_raise_clear_errors(target, drafters):
         engine.generate([Request([1, 2])], strategy=Strategy(6, 8, 32))
     with pytest.raises(ValueError, match="feature_layers"):
         Drafter(target, DrafterConfig((0, 7)))
+
+
+def test_speculative_benchmark_rows(tmp_path):
+    """tlt bench speculative's runner on a tiny model: one row per (batch, strategy), greedy
+    SD checked against plain decoding inside, and a plot."""
+    from tlt_core.bench import speculative as bench
+    from tlt_core.task import CharTokenizer
+
+    target = tiny_target(CharTokenizer().vocab_size, seed=5)
+    drafter = Drafter(target).eval()
+    rows = bench.run(target, drafter, batches=(1, 2), strategies=(Strategy(3, 1, 4),),
+                     temperature=0.0, reps=1, max_tokens=12, progress=False)
+    assert [(r.batch, r.strategy) for r in rows] == [(1, "(3,1,4)"), (2, "(3,1,4)")]
+    assert all(r.sd_tok_s > 0 and r.plain_tok_s > 0 and r.acceptance_length >= 1 for r in rows)
+    bench.plot(rows, tmp_path / "speedup.png")
+    assert (tmp_path / "speedup.png").stat().st_size > 0
+    assert bench.parse_strategy("(6,8,32)") == Strategy(6, 8, 32)

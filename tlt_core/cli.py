@@ -3,6 +3,8 @@
   tlt bench kernels   fused kernels vs their PyTorch reference, side by side (see
                       tlt_core.bench.kernels); --json FILE writes the rows
   tlt bench engine    the rollout engine's decoding vs Hugging Face generate
+  tlt bench speculative
+                      speculative rollout vs plain decoding, per batch size and strategy
   tlt demo            one speculative verification step on a toy tree, explained
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
 """
@@ -74,6 +76,28 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--new-tokens", type=int, default=128, help="tokens generated per row")
     engine.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
 
+    speculative = bench_kinds.add_parser(
+        "speculative", help="speculative rollout vs plain decoding, side by side",
+        description="Tokens per second of the rollout engine with speculative decoding (the "
+                    "warm embedded model and its warmed-up drafter, both trained and cached on "
+                    "first use) and without, on the same embedded-task requests, interleaved "
+                    "in one run, per batch size and draft strategy (depth,topk,N).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    speculative.add_argument("--json", type=Path, metavar="FILE",
+                             help="write rows (batch, strategy, acceptance_length, sd_tok_s, "
+                                  "plain_tok_s, speedup, ...) as JSON")
+    speculative.add_argument("--plot", type=Path, metavar="PNG",
+                             help="plot speedup against batch size per strategy")
+    speculative.add_argument("--batch", type=_int_list, default=[1, 4, 16, 64],
+                             help="batch sizes (the engine's max running rows)")
+    speculative.add_argument("--strategy", action="append", metavar="D,K,N",
+                             help="a draft strategy depth,topk,num_verify_tokens; repeatable "
+                                  "(default: 6,1,7 8,1,9 12,1,13 5,4,16 6,8,32)")
+    speculative.add_argument("--temperature", type=float, default=1.0,
+                             help="sampling temperature (0: greedy, also checks SD == plain)")
+    speculative.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
+    speculative.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
     commands.add_parser("demo", help="one verification step on a toy tree, explained")
 
     task = commands.add_parser("task", help="the embedded task")
@@ -128,6 +152,30 @@ def run_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench_speculative(args: argparse.Namespace) -> int:
+    from tlt_core.bench import speculative as bench_speculative
+    from tlt_core.drafter_training import load_or_warm_up_drafter
+    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
+    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
+
+    strategies = (bench_speculative.DEFAULT_STRATEGIES if not args.strategy else
+                  [bench_speculative.parse_strategy(text) for text in args.strategy])
+    target, _ = load_or_train()
+    drafter, report = load_or_warm_up_drafter(
+        target, cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG), progress=not args.no_progress)
+    print(f"drafter: {report.steps} warm-up steps, teacher-forced top-1 agreement "
+          f"{report.final_top1:.3f}")
+    results = bench_speculative.run(target, drafter, batches=args.batch, strategies=strategies,
+                                    temperature=args.temperature, reps=args.reps,
+                                    progress=not args.no_progress)
+    print(bench_speculative.format_table(results))
+    _write_rows(args.json, bench_speculative.as_rows(results))
+    if args.plot:
+        bench_speculative.plot(results, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def run_task_lengths(args: argparse.Namespace) -> int:
     from tlt_core.bench import lengths
     from tlt_core.task import length_stats
@@ -156,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_kernels(args)
     if args.command == "bench" and args.bench == "engine":
         return run_bench_engine(args)
+    if args.command == "bench" and args.bench == "speculative":
+        return run_bench_speculative(args)
     if args.command == "demo":
         return run_demo(args)
     if args.command == "task" and args.task == "lengths":
