@@ -255,21 +255,31 @@ def test_drafter_checkpoint_round_trip_drafts_the_same(target, drafters, tmp_pat
     assert engine.drafter is drafter
 
 
-def test_eagle_loss_pairs_tokens_with_their_own_positions(target):
-    """The loss at position t uses f_t with x_{t+1} and is scored against the target at t+1: a
-    drafter that copies the target's next hidden state exactly would score ~0 regression.
-    Shifting the features by one position must make the loss worse for a trained drafter."""
-    drafter = train_drafter(target, steps=120)
+def test_eagle_loss_pairs_tokens_with_their_own_positions(target, drafters, monkeypatch):
+    """The drafter's input at position t is (f_t, x_{t+1}) and its output is scored against the
+    target at t + 1 — the pairing TLT's public code gets wrong. Checked on what eagle_loss
+    actually feeds the drafter, and by the loss: a drafter that outputs the target's own next
+    hidden state scores zero regression."""
     g = torch.Generator().manual_seed(2)
-    sequences = [torch.randint(0, VOCAB, (12,), generator=g).tolist() for _ in range(8)]
+    sequences = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (12, 7, 9)]
     records = collect_records(target, sequences, (-1,))
     batch = make_batch(records)
+    drafter = drafters["trained"]
+    seen = {}
+
+    def oracle(tokens, features, positions, cache=None, **_):
+        seen.update(tokens=tokens, features=features, positions=positions)
+        return batch.last_hidden[:, 1:]  # exactly the target's hidden state at t + 1
+
+    monkeypatch.setattr(drafter, "forward", oracle)
     with torch.no_grad():
-        aligned, _ = eagle_loss(drafter, batch)
-        shifted = type(batch)(batch.tokens, batch.features.roll(1, dims=1), batch.last_hidden,
-                              batch.mask)
-        misaligned, _ = eagle_loss(drafter, shifted)
-    assert float(aligned) < float(misaligned)
+        loss, metrics = eagle_loss(drafter, batch)
+    for b, record in enumerate(records):
+        n = record.tokens.shape[0]
+        assert torch.equal(seen["tokens"][b, :n - 1], record.tokens[1:])  # x_{t+1}
+        assert torch.equal(seen["features"][b, :n - 1], record.features[:n - 1, 0])  # f_t
+        assert torch.equal(seen["positions"][b, :n - 1], torch.arange(n - 1))  # t
+    assert metrics["regression"] == 0.0 and metrics["top1"] == 1.0
 
 
 def test_bad_speculative_inputs_raise_clear_errors(target, drafters):

@@ -247,6 +247,7 @@ class RolloutEngine:
         if drafter is not None and drafter.target is not model:
             raise ValueError("drafter: was built for another target model; attach it to this one")
         weight = next(model.parameters())
+        self.device = weight.device
         reserve = config.spec_reserve if drafter is not None else 0
         shape = CacheShape(model_config.num_layers, config.max_batch, model_config.num_kv_heads,
                            config.max_len + reserve, model_config.head_dim)
@@ -317,17 +318,20 @@ class RolloutEngine:
         first_row, count, now = len(running), len(admitted), clock()
         view = self.cache.rows(first_row, count)
         view.lengths.zero_()
-        prompt_lens = torch.tensor([len(s.prompt_ids) for s in admitted])  # (B_new,)
-        prompts = torch.zeros(count, int(prompt_lens.max()), dtype=torch.int64)  # (B_new, T)
+        device = self.device
+        lengths = [len(s.prompt_ids) for s in admitted]
+        prompts = torch.zeros(count, max(lengths), dtype=torch.int64)  # (B_new, T)
         for row, sample in enumerate(admitted):
             prompts[row, :len(sample.prompt_ids)] = torch.tensor(sample.prompt_ids)
             sample.admitted_s = now
             self.rows.admit(first_row + row, sample)
-        positions = torch.arange(prompts.shape[1]).expand_as(prompts)  # (B_new, T)
+        prompts = prompts.to(device)
+        prompt_lens = torch.tensor(lengths, device=device)  # (B_new,)
+        positions = torch.arange(prompts.shape[1], device=device).expand_as(prompts)  # (B_new, T)
         out = self.model.step(prompts, positions, view, hidden_layers=self._feature_layers())
         view.commit(prompt_lens)
         rows = slice(first_row, first_row + count)
-        last_index = torch.arange(count), prompt_lens - 1
+        last_index = torch.arange(count, device=device), prompt_lens - 1
         tokens, logprobs = _sample_roots(out.logits[last_index], prompts[last_index],
                                          **self.rows.sampling(rows))
         if self._drafting:  # pairs (f_t, x_{t+1}): the prompt shifted by one, then the new token
@@ -354,11 +358,11 @@ class RolloutEngine:
             logits = out.logits[:, 0]
         else:
             logits = self.model.decode(roots, view)  # (B, V)
-        view.commit(torch.ones(batch, dtype=torch.int64))
+        ones = torch.ones(batch, dtype=torch.int64, device=self.device)
+        view.commit(ones)
         tokens, logprobs = _sample_roots(logits, roots, **self.rows.sampling(slice(0, batch)))
         if self._drafting:
-            self._drafter_extend(0, tokens[:, None], out.hidden_states,
-                                 torch.ones(batch, dtype=torch.int64))
+            self._drafter_extend(0, tokens[:, None], out.hidden_states, ones)
         self.rows.last[:batch] = tokens
         self.rows.offset[:batch] += 1
         for sample, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
@@ -376,7 +380,8 @@ class RolloutEngine:
                           strategy)
         t1 = time.perf_counter()
         if strategy.topk == 1:  # a chain: node i sits at depth i and sees nodes 0..i (causal)
-            positions, tree_mask = view.lengths[:, None] + torch.arange(N), None
+            positions = view.lengths[:, None] + torch.arange(N, device=self.device)
+            tree_mask = None
         else:
             meta = ops.tree_metadata(tree.parents, tree.num_nodes, view.lengths)
             positions, tree_mask = meta.positions, ops.unpack_tree_mask(meta.mask, N)
@@ -414,12 +419,12 @@ class RolloutEngine:
         uncommitted slots and seen by no valid pair). Keeps each row's last output."""
         batch, width = following.shape
         view = self.draft_cache.rows(first_row, batch)
-        positions = view.lengths[:, None] + torch.arange(width)  # (B, T)
+        positions = view.lengths[:, None] + torch.arange(width, device=self.device)  # (B, T)
         features = self.drafter.features(target_hidden)
         hidden = self.drafter(following, features, positions, view)  # (B, T, H)
         view.commit(counts)
-        self.rows.draft_hidden[first_row:first_row + batch] = hidden[torch.arange(batch),
-                                                                      counts - 1]
+        last = torch.arange(batch, device=self.device), counts - 1
+        self.rows.draft_hidden[first_row:first_row + batch] = hidden[last]
 
     def _retire(self, running: list[_Sample], finished: list[Rollout], clock) -> None:
         # Back to front, so moving the last running row into a freed one never skips a row.
