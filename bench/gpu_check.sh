@@ -9,6 +9,8 @@
 # OUT_DIR/gpu_tests.xml     JUnit report of the GPU tests (CUDA = CPU = reference, CuPy round trip)
 # OUT_DIR/gpu_tests.log     their console output
 # OUT_DIR/kernels_cuda.json `tlt bench kernels --device cuda --baseline cpu_fused` rows
+# OUT_DIR/nvml_trace_h200.json  an NVML utilization trace for tests/test_idle.py
+# TLT_GPU_KERNEL_BENCH=0 skips the kernel benchmark.
 set -euo pipefail
 OUT_DIR="$(mkdir -p "${1:?usage: bash bench/gpu_check.sh OUT_DIR}" && cd "$1" && pwd)"
 cd "$(dirname "$0")/.."
@@ -31,8 +33,12 @@ json.dump(info, open(sys.argv[1], "w"), indent=1)
 print(info)
 PY
 
+"$PYTHON" bench/record_nvml_trace.py "$OUT_DIR/nvml_trace_h200.json" 2>&1 | tail -2 || true
+export TLT_NVML_TRACE="$OUT_DIR/nvml_trace_h200.json"
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_arrays_and_random.py \
+  tests/test_gpu_engine.py tests/test_idle.py \
   --junitxml="$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log" || true
+[ "${TLT_GPU_KERNEL_BENCH:-1}" = 1 ] || exit 0  # 0: tests and trace only
 "$PYTHON" -m tlt_core.cli bench kernels --device cuda --baseline cpu_fused --no-progress \
   --batch "${TLT_BENCH_BATCH:-1,16,64}" --nodes "${TLT_BENCH_NODES:-32}" \
   --ops verify_tree_sampling,verify_tree_greedy,select_tree,tree_metadata,compact_kv_ \

@@ -6,7 +6,12 @@
 #include <cstdint>
 #include <stdexcept>
 
+#include <pybind11/stl.h>
+
+#include <string>
+
 #include "tlt/device.h"
+#include "tlt/idle.h"
 #include "tlt/kv_cache.h"
 #include "tlt/random.h"
 #include "tlt/tree.h"
@@ -196,6 +201,30 @@ PYBIND11_MODULE(_C, m) {
   m.def("verify_tree_sampling_workspace_bytes", &tlt::verify_tree_sampling_workspace_bytes);
   m.def("compact_kv", &compact_kv, nogil);
   m.def("philox_uniforms", &philox_uniforms, nogil);
+  // Idle detection (tlt/idle.h); std::invalid_argument surfaces as ValueError.
+  py::class_<tlt::IdleStateMachine>(m, "IdleStateMachine")
+      .def(py::init([](double utilization_threshold, double idle_after_s) {
+             return tlt::IdleStateMachine(tlt::IdleConfig{utilization_threshold, idle_after_s});
+           }),
+           py::arg("utilization_threshold"), py::arg("idle_after_s"))
+      .def("update",
+           [](tlt::IdleStateMachine& self, double now_s, double utilization, bool work) {
+             return self.update(now_s, utilization, work) == tlt::WorkerState::kIdle;
+           },
+           py::arg("now_s"), py::arg("utilization"), py::arg("engine_has_work"),
+           "one observation; returns True when the worker is idle")
+      .def_property_readonly(
+          "idle", [](const tlt::IdleStateMachine& self) {
+            return self.state() == tlt::WorkerState::kIdle;
+          })
+      .def_property_readonly("transitions", &tlt::IdleStateMachine::transitions)
+      .def_property_readonly("last_change_s", &tlt::IdleStateMachine::last_change_s);
+  py::class_<tlt::NvmlProbe>(m, "NvmlProbe")
+      .def(py::init<const std::string&>(), py::arg("library") = "libnvidia-ml.so.1")
+      .def_property_readonly("available", &tlt::NvmlProbe::available)
+      .def_property_readonly("error", &tlt::NvmlProbe::error)
+      .def("device_count", &tlt::NvmlProbe::device_count)
+      .def("utilization", &tlt::NvmlProbe::utilization, py::arg("index"), nogil);
   m.attr("built_with_cuda") = kBuiltWithCuda;
   m.attr("max_tree_nodes") = tlt::kMaxTreeNodes;
   m.attr("max_candidates") = tlt::kMaxCandidates;

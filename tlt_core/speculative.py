@@ -41,11 +41,12 @@ class Strategy:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
-        if not 2 <= self.num_verify_tokens <= min(self.candidates + 1, ops._C.max_tree_nodes):
+        most = min(self.candidates + 1, ops._C.max_tree_nodes)
+        if not self.num_verify_tokens <= most:  # 1: the root alone, a plain step through SD
             raise ValueError(
-                f"num_verify_tokens: must be in [2, {min(self.candidates + 1, ops._C.max_tree_nodes)}]"
-                f" for depth {self.depth} and topk {self.topk} (the root plus at most the "
-                f"{self.candidates} nodes drafted), got {self.num_verify_tokens}")
+                f"num_verify_tokens: must be in [1, {most}] for depth {self.depth} and topk "
+                f"{self.topk} (the root plus at most the {self.candidates} nodes drafted), got "
+                f"{self.num_verify_tokens}")
 
     @property
     def candidates(self) -> int:

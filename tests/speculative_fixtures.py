@@ -1,0 +1,40 @@
+"""A tiny target and drafters for the speculative-rollout tests (CPU and GPU)."""
+
+import random
+
+import torch
+
+from tlt_core.drafter import Drafter, DrafterConfig
+from tlt_core.drafter_training import collect_records, make_batch, make_optimizer, train_step
+from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.model import ModelConfig, Transformer
+
+VOCAB = 40
+PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [12, 13, 14, 15], [20, 21],
+           [30, 31, 32, 33, 34, 35], [7], [8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18]]
+
+
+def tiny_target(vocab: int = VOCAB, seed: int = 0, sharpen: float = 8.0) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)).eval()
+    with torch.no_grad():  # sharper logits than init, so outputs are not uniform noise
+        model.lm_head.weight.mul_(sharpen)
+    return model
+
+
+def train_drafter(target: Transformer, steps: int = 150, **config) -> Drafter:
+    """A drafter trained briefly on the target's own greedy continuations of random prompts."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, target.config.vocab_size, (4,), generator=g).tolist()
+               for _ in range(64)]
+    engine = RolloutEngine(target, EngineConfig(max_batch=64, max_len=40))
+    rollouts = engine.generate([Request(p, SamplingParams(temperature=0.0, max_tokens=32))
+                                for p in prompts]).rollouts
+    drafter = Drafter(target, DrafterConfig(**config))
+    records = collect_records(target, [list(r.prompt_ids) + r.tokens.tolist() for r in rollouts],
+                              drafter.config.feature_layers)
+    optimizer, order = make_optimizer(drafter, 3e-3), random.Random(0)
+    for _ in range(steps):
+        train_step(drafter, optimizer, make_batch(order.sample(records, 16)))
+    return drafter.eval()

@@ -1,0 +1,32 @@
+"""The engine and speculative rollout on a CUDA device (marked gpu; skipped without one):
+greedy SD equals plain decoding there, and both equal the CPU run."""
+
+import pytest
+import torch
+
+from tlt_core.drafter import Drafter
+from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.speculative import Strategy
+
+from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
+
+pytestmark = pytest.mark.gpu
+
+
+def test_speculative_rollout_on_cuda_equals_cpu():
+    target = tiny_target()
+    drafter = train_drafter(target, steps=60)
+    requests = [Request(p, SamplingParams(temperature=0.0, max_tokens=20)) for p in PROMPTS]
+    cpu = RolloutEngine(target, EngineConfig(max_batch=4, max_len=48)).generate(requests)
+    state = drafter.state_dict()
+    target_gpu = target.to("cuda")
+    drafter_gpu = Drafter(target_gpu)
+    drafter_gpu.load_state_dict(state)
+    engine = RolloutEngine(target_gpu, EngineConfig(max_batch=4, max_len=48), drafter_gpu.eval())
+    plain = engine.generate(requests)
+    for strategy in (Strategy(4, 1, 5), Strategy(5, 4, 16)):
+        spec = engine.generate(requests, strategy=strategy)
+        assert [r.tokens.tolist() for r in spec.rollouts] == [r.tokens.tolist() for r in plain.rollouts]
+        assert spec.acceptance_length > 1.0
+    assert [r.tokens.tolist() for r in plain.rollouts] == [r.tokens.tolist() for r in cpu.rollouts]
+    target.to("cpu")

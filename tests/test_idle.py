@@ -1,0 +1,128 @@
+"""The idle detector: its state machine on traces, the run-time NVML loader, the Python
+wrapper's fallback to the engine's signal."""
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tlt_core import _C
+from tlt_core.idle import IdleDetector
+
+# bench/gpu_check.sh records a trace and points TLT_NVML_TRACE at it; one is kept in tests/data.
+RECORDED = Path(os.environ.get("TLT_NVML_TRACE",
+                               Path(__file__).parent / "data" / "nvml_trace_h200.json"))
+
+
+def replay(trace, threshold=10.0, idle_after=0.5):
+    """States after each (t, utilization, engine_has_work) observation."""
+    machine = _C.IdleStateMachine(threshold, idle_after)
+    return [machine.update(t, u, w) for t, u, w in trace], machine
+
+
+def rollout_worker_trace():
+    """A worker decoding until t = 2.0 (utilization ~90% with dips to 4% between steps),
+    then done: the device drains and idles; new work arrives at t = 3.2."""
+    trace = []
+    for i in range(200):  # 10 ms samples
+        t = i * 0.01
+        trace.append((t, 4.0 if i % 10 == 9 else 90.0, True))
+    for i in range(120):
+        t = 2.0 + i * 0.01
+        trace.append((t, 40.0 if i < 5 else 2.0, False))  # 50 ms of draining kernels
+    trace.append((3.2, 2.0, True))
+    return trace
+
+
+def test_busy_decoding_with_dips_never_looks_idle():
+    states, machine = replay(rollout_worker_trace())
+    assert not any(states[:200])  # dips between decode steps are not idleness
+    first_idle = next(i for i, s in enumerate(states) if s)
+    # quiet from t = 2.05 (draining ends), idle 0.5 s later
+    assert rollout_worker_trace()[first_idle][0] == pytest.approx(2.55)
+    assert states[-2] and not states[-1]  # work arriving preempts at once
+    assert machine.transitions == 2 and machine.last_change_s == pytest.approx(3.2)
+
+
+def test_a_utilization_spike_restarts_the_quiet_period():
+    trace = [(t / 10, 1.0, False) for t in range(4)] + [(0.4, 80.0, False)]
+    trace += [(0.4 + t / 10, 1.0, False) for t in range(1, 8)]
+    states, _ = replay(trace)
+    first_idle = next(i for i, s in enumerate(states) if s)
+    assert trace[first_idle][0] == pytest.approx(1.0)  # 0.5 s after the spike, not after t = 0
+
+
+def test_without_nvml_the_engine_signal_decides():
+    trace = [(0.0, -1, True), (0.1, -1, False), (0.5, -1, False), (0.6, -1, False),
+             (0.7, -1, True)]
+    states, _ = replay(trace)
+    assert states == [False, False, False, True, False]
+
+
+def test_idle_after_zero_and_an_idle_device_with_work():
+    states, _ = replay([(0.0, 0.0, False), (0.1, 0.0, True)], idle_after=0.0)
+    assert states == [True, False]
+
+
+def test_bad_state_machine_input_names_the_argument():
+    with pytest.raises(ValueError, match="utilization_threshold"):
+        _C.IdleStateMachine(-1.0, 0.5)
+    with pytest.raises(ValueError, match="idle_after_s"):
+        _C.IdleStateMachine(10.0, float("nan"))
+    machine = _C.IdleStateMachine(10.0, 0.5)
+    machine.update(1.0, 0.0, False)
+    with pytest.raises(ValueError, match="now_s"):
+        machine.update(0.5, 0.0, False)
+
+
+def test_nvml_loader_handles_a_missing_library():
+    probe = _C.NvmlProbe("libnvidia-ml-does-not-exist.so.1")
+    assert not probe.available and "libnvidia-ml-does-not-exist" in probe.error
+    assert probe.device_count() == 0 and probe.utilization(0) == -1
+
+
+def test_detector_warns_once_and_falls_back_to_the_engine_signal():
+    now = [0.0]
+    library = "libnvidia-ml-missing-for-this-test.so"
+    with pytest.warns(RuntimeWarning, match="engine's signal alone"):
+        detector = IdleDetector(nvml_library=library, idle_after_s=0.2, clock=lambda: now[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second detector stays silent
+        IdleDetector(nvml_library=library)
+    assert not detector.nvml_available and detector.utilization() == -1
+    assert not detector.poll(engine_has_work=False)
+    now[0] = 0.25
+    assert detector.poll(engine_has_work=False) and detector.idle
+    now[0] = 0.3
+    assert not detector.poll(engine_has_work=True) and detector.transitions == 2
+
+
+@pytest.mark.skipif(not RECORDED.is_file(), reason="no recorded NVML trace")
+def test_recorded_h200_trace():
+    """A trace recorded on an H200 (bench/gpu_check.sh): NVML utilization sampled while a
+    worker ran bursts of work separated by idle gaps. The detector turns idle in every long
+    gap, after the debounce time, and busy whenever work starts."""
+    record = json.loads(RECORDED.read_text())
+    trace = [(t, u, w) for t, u, w in record["samples"]]
+    states, machine = replay(trace, record["threshold"], record["idle_after_s"])
+    for start, end in record["idle_gaps"]:  # engine idle in [start, end)
+        inside = [s for (t, _, _), s in zip(trace, states) if start + record["idle_after_s"] + 0.3 <= t < end]
+        assert inside and all(inside), (start, end)
+    for (t, _, work), state in zip(trace, states):
+        if work:
+            assert not state
+    assert machine.transitions >= 2 * len(record["idle_gaps"]) - 1
+
+
+@pytest.mark.gpu
+def test_nvml_on_a_real_gpu_agrees_with_nvidia_ml_py():
+    probe = _C.NvmlProbe()
+    if not probe.available:
+        pytest.skip(f"NVML unavailable: {probe.error}")
+    assert probe.device_count() >= 1
+    assert 0 <= probe.utilization(0) <= 100
+    pynvml = pytest.importorskip("pynvml")
+    pynvml.nvmlInit()
+    assert pynvml.nvmlDeviceGetCount() == probe.device_count()
