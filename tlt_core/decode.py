@@ -121,21 +121,26 @@ class PackedLayers:
 
 
 def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None) -> AttentionPlan:
-    """attention_plan, short-cut for one token per row: no mask when every row has the same
-    length (a batch of one always does), as each row then reads exactly its prefix and its new
-    slot."""
+    """attention_plan, short-cut when every row has the same length (a batch of one always
+    does): one token per row needs no mask at all, several a causal mask shared by the rows."""
     B, T = input_ids.shape
-    if T != 1 or tree_mask is not None:
+    if tree_mask is not None:
         return attention_plan((B, T), cache, tree_mask, input_ids.device)
     lengths = cache.lengths
     shortest, longest = (int(n) for n in torch.aminmax(lengths))  # one host sync
-    if longest + 1 > cache.shape.max_len:
-        cache.check_room(torch.ones_like(lengths))  # raises, naming the row
-    mask = None
-    if shortest != longest:
-        slots = torch.arange(longest + 1, device=input_ids.device)  # (S,)
-        mask = (slots <= lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
-    return AttentionPlan(mask, lengths[:, None], longest + 1)
+    if T > 1 and shortest != longest:
+        return attention_plan((B, T), cache, None, input_ids.device)
+    if longest + T > cache.shape.max_len:
+        cache.check_room(torch.full_like(lengths, T))  # raises, naming the row
+    device, read_len = input_ids.device, longest + T
+    if T == 1:  # no mask when all rows are equal; else each row's prefix and its new slot
+        mask = (None if shortest == longest else
+                (torch.arange(read_len, device=device) <= lengths[:, None])[:, None, None, :])
+        return AttentionPlan(mask, lengths[:, None], read_len)
+    # Equal rows, causal: new token i sees slots <= longest + i, for every row alike.
+    mask = torch.ones(T, read_len, dtype=torch.bool, device=device).tril(longest)
+    return AttentionPlan(mask[None, None], lengths[:, None] + torch.arange(T, device=device),
+                         read_len)
 
 
 def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, rotary: nn.Module,

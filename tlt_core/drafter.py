@@ -103,7 +103,7 @@ class Drafter(nn.Module):
         logits(f') is the distribution of the token after each x_{t+1}."""
         target = self.target
         embedded = F.embedding(tokens, target.model.embed_tokens.weight.detach())  # (B, T, H)
-        h = self.fc(torch.cat((embedded, features.to(embedded.dtype)), dim=-1))  # (B, T, H)
+        h = F.linear(torch.cat((embedded, features), dim=-1), self.fc.weight)  # (B, T, H)
         if cache is not None and not torch.is_grad_enabled():  # inference: the packed layer
             if plan is None:
                 plan = plan_for(tokens, cache, tree_mask)

@@ -29,6 +29,7 @@ import torch
 
 import tlt_core.ops as ops
 from tlt_core.drafter import Drafter
+from tlt_core.harvest import HarvestBuffer
 from tlt_core.kv_cache import CacheBudgetError, CacheShape, KVCache
 from tlt_core.speculative import Strategy, draft_tree
 
@@ -238,10 +239,13 @@ class RolloutEngine:
     drafter, speculatively (lossless) at the steps a strategy policy chooses."""
 
     def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig(),
-                 drafter: Drafter | None = None):
+                 drafter: Drafter | None = None, harvest: HarvestBuffer | None = None):
         self.model = model
         self.config = config
         self.drafter = drafter
+        self.harvest = harvest  # receives every committed position's target features
+        if harvest is not None and drafter is None:
+            raise ValueError("harvest: needs the drafter whose feature layers it keeps")
         model_config = model.config
         self.vocab_size = model_config.vocab_size
         if drafter is not None and drafter.target is not model:
@@ -328,7 +332,8 @@ class RolloutEngine:
         prompts = prompts.to(device)
         prompt_lens = torch.tensor(lengths, device=device)  # (B_new,)
         positions = torch.arange(prompts.shape[1], device=device).expand_as(prompts)  # (B_new, T)
-        out = self.model.step(prompts, positions, view, hidden_layers=self._feature_layers())
+        out = self.model.step(prompts, positions, view, hidden_layers=self._target_layers())
+        self._harvest(admitted, prompts, out.hidden_states, lengths)
         view.commit(prompt_lens)
         rows = slice(first_row, first_row + count)
         last_index = torch.arange(count, device=device), prompt_lens - 1
@@ -352,10 +357,11 @@ class RolloutEngine:
         batch = len(running)
         view = self.cache.rows(0, batch)
         roots = self.rows.last[:batch]
-        if self._drafting:  # the features too, for the drafter's catch-up
+        if self._target_layers():  # the features too, for the drafter or the harvest
             out = self.model.step(roots[:, None], view.lengths[:, None], view,
-                                  hidden_layers=self._feature_layers())
+                                  hidden_layers=self._target_layers())
             logits = out.logits[:, 0]
+            self._harvest(running, roots[:, None], out.hidden_states, [1] * batch)
         else:
             logits = self.model.decode(roots, view)  # (B, V)
         ones = torch.ones(batch, dtype=torch.int64, device=self.device)
@@ -386,7 +392,7 @@ class RolloutEngine:
             meta = ops.tree_metadata(tree.parents, tree.num_nodes, view.lengths)
             positions, tree_mask = meta.positions, ops.unpack_tree_mask(meta.mask, N)
         out = self.model.step(tree.tokens, positions, view, tree_mask=tree_mask,
-                              hidden_layers=self._feature_layers())
+                              hidden_layers=self._target_layers())
         verdict = ops.verify_tree_sampling(
             out.logits, tree.tokens, tree.parents, num_nodes=tree.num_nodes, validate=False,
             **self.rows.sampling(slice(0, batch)))
@@ -399,6 +405,7 @@ class RolloutEngine:
         path_hidden = [h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
                        for h in out.hidden_states]
         emitted = verdict.emitted_tokens[:, :width]
+        self._harvest(running, tree.tokens.gather(1, path), path_hidden, counts.tolist())
         self._drafter_extend(0, emitted.clamp(min=0), path_hidden, counts)
         self.rows.last[:batch] = emitted.gather(1, (counts - 1)[:, None])[:, 0]
         self.rows.offset[:batch] += counts
@@ -420,7 +427,7 @@ class RolloutEngine:
         batch, width = following.shape
         view = self.draft_cache.rows(first_row, batch)
         positions = view.lengths[:, None] + torch.arange(width, device=self.device)  # (B, T)
-        features = self.drafter.features(target_hidden)
+        features = self.drafter.features(target_hidden[:len(self.drafter.config.feature_layers)])
         hidden = self.drafter(following, features, positions, view)  # (B, T, H)
         view.commit(counts)
         last = torch.arange(batch, device=self.device), counts - 1
@@ -458,8 +465,23 @@ class RolloutEngine:
             return lambda batch: checked(strategy(batch))
         raise TypeError(f"strategy: expected None, a Strategy or a callable, got {strategy!r}")
 
-    def _feature_layers(self) -> tuple[int, ...]:
-        return self.drafter.config.feature_layers if self._drafting else ()
+    def _target_layers(self) -> tuple[int, ...]:
+        """The target layers each pass returns: the drafter's feature layers while drafting or
+        harvesting, then (harvesting) the last layer, the drafter's regression target."""
+        if not (self._drafting or self.harvest is not None):
+            return ()
+        features = self.drafter.config.feature_layers
+        return features + ((-1,) if self.harvest is not None else ())
+
+    def _harvest(self, samples: list[_Sample], tokens: torch.Tensor,
+                 hidden: Sequence[torch.Tensor], counts: list[int]) -> None:
+        """Hands a pass's committed positions to the harvest buffer (tokens (B, W) and the
+        _target_layers outputs (B, W, H), counts[b] positions of row b)."""
+        if self.harvest is None:
+            return
+        features = torch.stack(tuple(hidden[:-1]), dim=2)  # (B, W, F, H)
+        self.harvest.add_step([(s.request_index, s.sample_index) for s in samples], tokens,
+                              features, hidden[-1], counts)
 
     def _expand(self, requests: Sequence[Request]) -> list[_Sample]:
         samples = []
@@ -517,3 +539,5 @@ class RolloutEngine:
         if self._drafting:
             self.draft_cache.lengths[last] = 0
         finished.append(rollout)
+        if self.harvest is not None:
+            self.harvest.finish((sample.request_index, sample.sample_index))

@@ -118,22 +118,34 @@ def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hid
     """draft_tree for K = 1, without the tree bookkeeping: level j's node is candidate j - 1,
     the child of candidate j - 2, and sees every fed slot (with no mask at all when the rows
     have equal lengths)."""
-    B, depth, lengths = roots.shape[0], strategy.depth, cache.lengths
+    B, depth, lengths, device = roots.shape[0], strategy.depth, cache.lengths, roots.device
     longest = int(lengths.max()) if uniform else 0
-    score, token = torch.log_softmax(drafter.logits(root_hidden), -1).max(-1, keepdim=True)
+    # When every drafted node is verified, scores only need to fall with depth; otherwise
+    # select_tree keeps the best prefix by cumulative log q.
+    exact = strategy.num_verify_tokens - 1 < depth
+
+    def best(hidden):
+        logits = drafter.logits(hidden)  # (B, V)
+        return (torch.log_softmax(logits, -1) if exact else logits).max(-1, keepdim=True)
+
+    score, token = best(root_hidden)
     tokens, scores, hidden = [token], [score], root_hidden[:, None]  # (B, 1), (B, 1), (B, 1, H)
     for level in range(1, depth):
+        slots = lengths[:, None] + (level - 1)  # (B, 1): where it is written = its position
         if uniform:
-            plan = AttentionPlan(None, lengths[:, None] + level - 1, longest + level)
+            plan = AttentionPlan(None, slots, longest + level)
         else:
-            every = torch.ones(B, 1, level, dtype=torch.bool, device=roots.device)
+            every = torch.ones(B, 1, level, dtype=torch.bool, device=device)
             plan = _level_plan(lengths, every, level - 1, 1)
-        hidden = drafter(token, hidden, (lengths + level - 1)[:, None], cache, plan=plan)
-        step, token = torch.log_softmax(drafter.logits(hidden[:, 0]), -1).max(-1, keepdim=True)
-        score = score + step  # cumulative log q
+        hidden = drafter(token, hidden, slots, cache, plan=plan)
+        step, token = best(hidden[:, 0])
         tokens.append(token)
-        scores.append(score)
-    parents = torch.arange(-1, depth - 1, dtype=torch.int32, device=roots.device).expand(B, depth)
+        if exact:
+            score = score + step  # cumulative log q
+            scores.append(score)
+    if not exact:
+        scores = [-torch.arange(depth, dtype=torch.float32, device=device).expand(B, depth)]
+    parents = torch.arange(-1, depth - 1, dtype=torch.int32, device=device).expand(B, depth)
     return ops.select_tree(torch.cat(tokens, 1), torch.cat(scores, 1), parents, roots,
                            strategy.num_verify_tokens)
 

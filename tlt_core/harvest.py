@@ -1,0 +1,105 @@
+"""Harvest: drafter training data from the target passes a rollout already makes.
+
+While a worker decodes, every position the target commits to its cache went through a target
+pass (prefill, a plain step, or a speculative verification) that computed its hidden states.
+The engine hands those to a `HarvestBuffer` — the feature layers the drafter reads and the last
+layer it regresses onto — with the token at that position, in position order, so a finished
+sequence becomes a `DraftRecord` without any extra target forward.
+
+Alignment: position t of a record holds x_t and the target's outputs after x_t; `eagle_loss`
+pairs (f_t, x_{t+1}) and scores against t + 1. A sequence's final token (sampled, never fed to
+the target) is not a position, so its last pair (f_{T-1}, x_T) is not harvested.
+
+Bounded: records are kept newest first up to `max_bytes` (the oldest are evicted: the target
+moves, so recent data is the relevant data); training batches are packed by length.
+
+Shapes: T positions, F feature layers, H hidden size.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import torch
+
+from tlt_core.drafter_training import DraftBatch, DraftRecord, make_batch
+
+
+class HarvestBuffer:
+    def __init__(self, max_bytes: int = 256 << 20, min_length: int = 4):
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes: must be >= 1, got {max_bytes}")
+        self.max_bytes, self.min_length = max_bytes, min_length
+        self.records: deque[DraftRecord] = deque()  # oldest first
+        self.bytes = 0
+        self.evicted = 0
+        # A step's tensors stay on their device, whole, until every sequence in them finished:
+        # per step the engine pays one dict entry and a tuple per row, not a copy per row.
+        self._steps: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._step_users: dict[int, int] = {}
+        self._pieces: dict[object, list[tuple[int, int, int]]] = {}  # key -> (step, row, count)
+        self._next_step = 0
+
+    def add_step(self, keys: list, tokens: torch.Tensor, features: torch.Tensor,
+                 last_hidden: torch.Tensor, counts: list[int]) -> None:
+        """Positions one target pass committed: row b of tokens (B, W), features (B, W, F, H)
+        and last_hidden (B, W, H) holds counts[b] positions of sequence keys[b], in order."""
+        step = self._next_step
+        self._next_step += 1
+        self._steps[step] = (tokens, features, last_hidden)
+        self._step_users[step] = len(keys)
+        for row, (key, count) in enumerate(zip(keys, counts)):
+            self._pieces.setdefault(key, []).append((step, row, count))
+
+    def finish(self, key: object) -> DraftRecord | None:
+        """Sequence `key` is complete: turn it into a record (if it has min_length positions)
+        and evict the oldest records over the memory cap. Returns the record kept, if any."""
+        pieces = self._pieces.pop(key, [])
+        record = None
+        if sum(count for _, _, count in pieces) >= self.min_length:
+            parts = [tuple(t[row, :count] for t in self._steps[step]) for step, row, count in pieces]
+            record = DraftRecord(*(torch.cat(column).detach().to("cpu") for column in zip(*parts)))
+        self._drop(pieces)
+        if record is None:
+            return None
+        self.records.append(record)
+        self.bytes += _record_bytes(record)
+        while self.bytes > self.max_bytes and len(self.records) > 1:
+            self.bytes -= _record_bytes(self.records.popleft())
+            self.evicted += 1
+        return record
+
+    def discard(self, key: object) -> None:
+        """Forget a sequence that will not finish (an aborted rollout)."""
+        self._drop(self._pieces.pop(key, []))
+
+    def _drop(self, pieces: list[tuple[int, int, int]]) -> None:
+        for step, _, _ in pieces:
+            self._step_users[step] -= 1
+            if self._step_users[step] == 0:
+                del self._steps[step], self._step_users[step]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def batches(self, max_tokens: int, rng: random.Random) -> list[DraftBatch]:
+        """All records packed into batches of at most max_tokens padded positions: sorted by
+        length so each batch pads little, then shuffled batch order."""
+        ordered = sorted(self.records, key=lambda r: r.tokens.shape[0])
+        batches, current = [], []
+        for record in ordered:
+            width = max([r.tokens.shape[0] for r in current] + [record.tokens.shape[0]])
+            if current and width * (len(current) + 1) > max_tokens:
+                batches.append(make_batch(current))
+                current = []
+            current.append(record)
+        if current:
+            batches.append(make_batch(current))
+        rng.shuffle(batches)
+        return batches
+
+
+def _record_bytes(record: DraftRecord) -> int:
+    return sum(t.numel() * t.element_size()
+               for t in (record.tokens, record.features, record.last_hidden))
