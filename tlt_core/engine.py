@@ -405,13 +405,14 @@ class RolloutEngine:
         path_hidden = [h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
                        for h in out.hidden_states]
         emitted = verdict.emitted_tokens[:, :width]
-        self._harvest(running, tree.tokens.gather(1, path), path_hidden, counts.tolist())
         self._drafter_extend(0, emitted.clamp(min=0), path_hidden, counts)
         self.rows.last[:batch] = emitted.gather(1, (counts - 1)[:, None])[:, 0]
         self.rows.offset[:batch] += counts
-        for sample, n, tokens, logprobs in zip(running, counts.tolist(), emitted.tolist(),
-                                               verdict.emitted_logprobs.tolist()):
-            self._append(sample, tokens[:n], logprobs[:n])
+        kept = [self._append(sample, tokens[:n], logprobs[:n]) for sample, n, tokens, logprobs
+                in zip(running, counts.tolist(), emitted.tolist(),
+                       verdict.emitted_logprobs.tolist())]
+        # a position belongs to the sequence only if the token after it was kept
+        self._harvest(running, tree.tokens.gather(1, path), path_hidden, kept)
         t3 = time.perf_counter()
         drafted = int((tree.num_nodes - 1).sum())
         emitted_total = int(counts.sum())
@@ -480,8 +481,9 @@ class RolloutEngine:
         if self.harvest is None:
             return
         features = torch.stack(tuple(hidden[:-1]), dim=2)  # (B, W, F, H)
-        self.harvest.add_step([(s.request_index, s.sample_index) for s in samples], tokens,
-                              features, hidden[-1], counts)
+        # tokens may view per-row state the step is about to overwrite: keep a copy
+        self.harvest.add_step([(s.request_index, s.sample_index) for s in samples],
+                              tokens.clone(), features, hidden[-1], counts)
 
     def _expand(self, requests: Sequence[Request]) -> list[_Sample]:
         samples = []
@@ -508,10 +510,11 @@ class RolloutEngine:
         return samples
 
     @staticmethod
-    def _append(sample: _Sample, tokens: list[int], logprobs: list[float]) -> None:
+    def _append(sample: _Sample, tokens: list[int], logprobs: list[float]) -> int:
         """Appends a step's tokens, up to a stop id or max_tokens (what a speculative step
-        emits past either is dropped: plain decoding would never have produced it)."""
-        for token, logprob in zip(tokens, logprobs):
+        emits past either is dropped: plain decoding would never have produced it). Returns
+        how many it kept."""
+        for kept, (token, logprob) in enumerate(zip(tokens, logprobs), start=1):
             sample.tokens.append(token)
             sample.logprobs.append(logprob)
             if token in sample.params.stop_ids:
@@ -519,7 +522,8 @@ class RolloutEngine:
             elif len(sample.tokens) >= sample.params.max_tokens:
                 sample.done = "length"
             if sample.done is not None:
-                return
+                return kept
+        return len(tokens)
 
     def _finish(self, running: list[_Sample], row: int, finished: list[Rollout], clock) -> None:
         sample = running[row]

@@ -34,6 +34,7 @@ class HarvestBuffer:
         self.records: deque[DraftRecord] = deque()  # oldest first
         self.bytes = 0
         self.evicted = 0
+        self.version = 0  # bumped whenever the records change
         # A step's tensors stay on their device, whole, until every sequence in them finished:
         # per step the engine pays one dict entry and a tuple per row, not a copy per row.
         self._steps: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -64,6 +65,7 @@ class HarvestBuffer:
         if record is None:
             return None
         self.records.append(record)
+        self.version += 1
         self.bytes += _record_bytes(record)
         while self.bytes > self.max_bytes and len(self.records) > 1:
             self.bytes -= _record_bytes(self.records.popleft())
@@ -83,9 +85,10 @@ class HarvestBuffer:
     def __len__(self) -> int:
         return len(self.records)
 
-    def batches(self, max_tokens: int, rng: random.Random) -> list[DraftBatch]:
-        """All records packed into batches of at most max_tokens padded positions: sorted by
-        length so each batch pads little, then shuffled batch order."""
+    def batches(self, max_tokens: int, rng: random.Random | None = None) -> list[DraftBatch]:
+        """All records packed into batches of at most max_tokens padded positions (a longer
+        record gets a batch of its own): sorted by length so each batch pads little; in that
+        order, or shuffled with rng."""
         ordered = sorted(self.records, key=lambda r: r.tokens.shape[0])
         batches, current = [], []
         for record in ordered:
@@ -96,7 +99,8 @@ class HarvestBuffer:
             current.append(record)
         if current:
             batches.append(make_batch(current))
-        rng.shuffle(batches)
+        if rng is not None:
+            rng.shuffle(batches)
         return batches
 
 
