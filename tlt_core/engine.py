@@ -270,14 +270,16 @@ class RolloutEngine:
     # ---- public ------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, requests: Sequence[Request], strategy: StrategyPolicy = None
-                 ) -> RolloutResult:
+    def generate(self, requests: Sequence[Request], strategy: StrategyPolicy = None, *,
+                 request_ids: Sequence[int] | None = None) -> RolloutResult:
         """Runs every request to completion. strategy: None (plain decoding), a Strategy (every
         step speculative) or a policy called before each step with the running batch size
         that returns a Strategy or None for that step. Speculation never changes what is
-        sampled: outputs follow the target's distribution exactly, greedy rows token for token."""
+        sampled: outputs follow the target's distribution exactly, greedy rows token for token.
+        request_ids: each request's index in a larger set (a worker's shard), used in records
+        and seeds so a sample does not depend on how requests were split among workers."""
         policy = self._policy(strategy)
-        waiting = self._expand(requests)
+        waiting = self._expand(requests, request_ids)
         running: list[_Sample] = []
         finished: list[Rollout] = []
         trace_time, trace_running, spec_steps = [], [], []
@@ -485,20 +487,24 @@ class RolloutEngine:
         self.harvest.add_step([(s.request_index, s.sample_index) for s in samples],
                               tokens.clone(), features, hidden[-1], counts)
 
-    def _expand(self, requests: Sequence[Request]) -> list[_Sample]:
+    def _expand(self, requests: Sequence[Request],
+                request_ids: Sequence[int] | None = None) -> list[_Sample]:
+        if request_ids is not None and len(request_ids) != len(requests):
+            raise ValueError(f"request_ids: {len(request_ids)} ids for {len(requests)} requests")
         samples = []
-        for request_index, request in enumerate(requests):
+        for position, request in enumerate(requests):
+            request_index = position if request_ids is None else int(request_ids[position])
             if not isinstance(request, Request):
-                raise TypeError(f"requests[{request_index}]: expected a Request, got "
+                raise TypeError(f"requests[{position}]: expected a Request, got "
                                 f"{type(request).__name__}")
             bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise ValueError(f"requests[{request_index}].prompt_ids: token id {bad[0]} is "
+                raise ValueError(f"requests[{position}].prompt_ids: token id {bad[0]} is "
                                  f"outside the vocabulary [0, {self.vocab_size})")
             need = len(request.prompt_ids) + request.params.max_tokens
             if need > self.config.max_len:
                 raise ValueError(
-                    f"requests[{request_index}]: prompt ({len(request.prompt_ids)} tokens) + "
+                    f"requests[{position}]: prompt ({len(request.prompt_ids)} tokens) + "
                     f"max_tokens ({request.params.max_tokens}) exceeds max_len "
                     f"({self.config.max_len}); raise EngineConfig.max_len or lower max_tokens")
             for sample_index in range(request.params.n):
