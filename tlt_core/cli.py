@@ -5,6 +5,7 @@
   tlt bench engine    the rollout engine's decoding vs Hugging Face generate
   tlt bench speculative
                       speculative rollout vs plain decoding, per batch size and strategy
+  tlt bench drafter   spot-trained vs frozen drafter on an evolving target, 2 ranks
   tlt demo            one speculative verification step on a toy tree, explained
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
 """
@@ -98,6 +99,23 @@ def build_parser() -> argparse.ArgumentParser:
     speculative.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
     speculative.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+    drafter = bench_kinds.add_parser(
+        "drafter", help="spot-trained vs frozen drafter on an evolving target (2 ranks)",
+        description="Fine-tunes the warm embedded model round by round toward a drifted task "
+                    "(the countdown steps down by two) and, on `--world` gloo ranks, rolls out "
+                    "each round three ways: with the frozen initial drafter, with the "
+                    "spot-trained drafter and no training, and with spot training in the "
+                    "idle tail followed by the step-weighted refresh. Reports acceptance "
+                    "per round and the makespan cost of spot training.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    drafter.add_argument("--json", type=Path, metavar="FILE",
+                         help="write {rows: per round and rank, summary} as JSON")
+    drafter.add_argument("--rounds", type=int, default=8, help="evolving-target rounds")
+    drafter.add_argument("--world", type=int, default=2, help="rollout ranks (processes)")
+    drafter.add_argument("--requests", type=int, default=96, help="requests per round")
+    drafter.add_argument("--steps-per-round", type=int, default=25,
+                         help="target fine-tuning steps between rounds (the drift)")
+
     commands.add_parser("demo", help="one verification step on a toy tree, explained")
 
     task = commands.add_parser("task", help="the embedded task")
@@ -176,6 +194,27 @@ def run_bench_speculative(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench_drafter(args: argparse.Namespace) -> int:
+    from tlt_core.bench import drafter as bench_drafter
+    from tlt_core.drafter_training import (DrafterWarmupConfig, drafter_folder,
+                                           load_or_warm_up_drafter)
+    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
+    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
+
+    target, _ = load_or_train()
+    target_folder = cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG)
+    load_or_warm_up_drafter(target, target_folder)  # trained and cached on first use
+    result = bench_drafter.run(target, drafter_folder(target_folder, DrafterWarmupConfig()),
+                               target_folder, rounds=args.rounds, world=args.world,
+                               requests=args.requests, steps_per_round=args.steps_per_round)
+    print(bench_drafter.format_table(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def run_task_lengths(args: argparse.Namespace) -> int:
     from tlt_core.bench import lengths
     from tlt_core.task import length_stats
@@ -206,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_engine(args)
     if args.command == "bench" and args.bench == "speculative":
         return run_bench_speculative(args)
+    if args.command == "bench" and args.bench == "drafter":
+        return run_bench_drafter(args)
     if args.command == "demo":
         return run_demo(args)
     if args.command == "task" and args.task == "lengths":

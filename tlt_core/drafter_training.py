@@ -181,12 +181,17 @@ def warm_up_drafter(target: Transformer, config: DrafterWarmupConfig = DrafterWa
     return drafter.eval(), report
 
 
+def drafter_folder(target_folder: Path, config: DrafterWarmupConfig) -> Path:
+    """Where load_or_warm_up_drafter keeps the drafter for this target and config."""
+    key = json.dumps(asdict(config), sort_keys=True)
+    return Path(target_folder) / f"drafter-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
 def load_or_warm_up_drafter(target: Transformer, target_folder: Path,
                             config: DrafterWarmupConfig = DrafterWarmupConfig(), *,
                             progress: bool = True) -> tuple[Drafter, DrafterWarmupReport]:
     """warm_up_drafter, cached next to the target's checkpoint (keyed by the config)."""
-    key = json.dumps(asdict(config), sort_keys=True)
-    folder = Path(target_folder) / f"drafter-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    folder = drafter_folder(target_folder, config)
     report_path = folder / "drafter_warmup_report.json"
     if report_path.is_file():
         return (Drafter.load(folder, target).eval(),
