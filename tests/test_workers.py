@@ -109,3 +109,23 @@ def test_watchdog_rolls_back_a_corrupted_drafter_and_outputs_stay_identical():
     result = engine.generate(requests, strategy=strategy)
     assert fresh.observe(result.acceptance_length) == "sd_disabled" and not fresh.sd_enabled
     assert [e["event"] for e in fresh.events] == ["sd_disabled"]
+
+
+def test_bench_drafter_drift_and_summary():
+    """The evolving target's task (countdown by two) is well formed, and the summary computes
+    the two numbers the issue asks for from per-round rows."""
+    from tlt_core.bench.drafter import drifted_solution, summarize
+    from tlt_core.task import CharTokenizer, Problem
+
+    drifted = drifted_solution(Problem("37+05", "", "", 0))
+    assert drifted.solution == "37;+05=42;+03=45;+01=46;#46" and drifted.answer == "46"
+    assert drifted_solution(Problem("10-04", "", "", 0)).solution == "10;-04=06;-02=04;#04"
+    CharTokenizer().response_ids(drifted.solution)  # only task characters
+    rows = [{"round": k, "rank": r, "spot_on_acceptance_length": 2.0 + k,
+             "frozen_acceptance_length": 2.0, "spot_on_makespan_s": 1.0 + 0.01 * r,
+             "spot_off_makespan_s": 1.0, "spot_on_spot_steps": 3}
+            for k in range(4) for r in range(2)]
+    summary = summarize(rows, rounds=4)
+    assert summary["spot_vs_frozen_acceptance"] == pytest.approx((4.0 + 5.0) / 2 / 2.0)
+    assert summary["spot_training_overhead"] == pytest.approx(0.01)
+    assert summary["spot_steps_total"] == 24

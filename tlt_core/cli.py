@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="write {rows: per round and rank, summary} as JSON")
     drafter.add_argument("--rounds", type=int, default=8, help="evolving-target rounds")
     drafter.add_argument("--world", type=int, default=2, help="rollout ranks (processes)")
-    drafter.add_argument("--requests", type=int, default=96, help="requests per round")
+    drafter.add_argument("--requests", type=int, default=192, help="requests per round")
     drafter.add_argument("--steps-per-round", type=int, default=25,
                          help="target fine-tuning steps between rounds (the drift)")
 

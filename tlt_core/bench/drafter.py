@@ -124,7 +124,7 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
 
 
 def run(target, drafter_folder: Path, target_folder: Path, *, rounds: int = 8, world: int = 2,
-        requests: int = 96, max_batch: int | None = None, steps_per_round: int = 25,
+        requests: int = 192, max_batch: int | None = None, steps_per_round: int = 25,
         strategy=(6, 1, 7), lr: float = 1e-3) -> dict:
     import torch.multiprocessing as mp
 
