@@ -2,7 +2,6 @@
 greedy SD equals plain decoding there, and both equal the CPU run."""
 
 import pytest
-import torch
 
 from tlt_core.drafter import Drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams

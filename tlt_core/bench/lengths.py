@@ -4,7 +4,6 @@ histogram. The long tail that speculative decoding has to tame, made visible."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 from tlt_core.task import CharTokenizer, TaskConfig, generate_problems, length_stats
