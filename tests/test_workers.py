@@ -123,9 +123,11 @@ def test_bench_drafter_drift_and_summary():
     CharTokenizer().response_ids(drifted.solution)  # only task characters
     rows = [{"round": k, "rank": r, "spot_on_acceptance_length": 2.0 + k,
              "frozen_acceptance_length": 2.0, "spot_on_makespan_s": 1.0 + 0.01 * r,
-             "spot_off_makespan_s": 1.0, "spot_on_spot_steps": 3}
+             "spot_off_makespan_s": 1.0, "spot_on_spot_steps": 3, "spot_on_rollout_s": 1.0,
+             "spot_on_harvest_s": 0.004, "spot_on_yield_lag_s": 0.001 * r}
             for k in range(4) for r in range(2)]
     summary = summarize(rows, rounds=4)
     assert summary["spot_vs_frozen_acceptance"] == pytest.approx((4.0 + 5.0) / 2 / 2.0)
     assert summary["spot_training_overhead"] == pytest.approx(0.01)
     assert summary["spot_steps_total"] == 24
+    assert summary["spot_training_overhead_accounted"] == pytest.approx(4 * 0.005 / 4.04)

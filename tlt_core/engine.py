@@ -113,6 +113,7 @@ class RolloutResult:
     total_s: float
     decode_steps: int  # plain and speculative steps
     spec_steps: tuple[SpecStepStats, ...] = ()
+    harvest_s: float = 0.0  # time spent handing positions to the harvest buffer
 
     @property
     def acceptance_length(self) -> float | None:
@@ -266,6 +267,8 @@ class RolloutEngine:
                             drafter.new_cache(config.max_batch, config.max_len + reserve))
         self.rows = _RowState(config.max_batch, model_config.hidden_size, weight.dtype,
                               weight.device)
+        self._drafting = False  # per generate(): keep the drafter's cache current
+        self._harvest_s = 0.0  # per generate(): time handing positions to the harvest
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -284,7 +287,7 @@ class RolloutEngine:
         finished: list[Rollout] = []
         trace_time, trace_running, spec_steps = [], [], []
         self.cache.lengths.zero_()
-        self._drafting = policy is not None  # keep the drafter's cache current
+        self._drafting, self._harvest_s = policy is not None, 0.0
         if self._drafting:
             self.draft_cache.lengths.zero_()
         start = time.perf_counter()
@@ -307,7 +310,7 @@ class RolloutEngine:
         finished.sort(key=lambda r: (r.request_index, r.sample_index))
         return RolloutResult(finished, torch.tensor(trace_time, dtype=torch.float64),
                              torch.tensor(trace_running, dtype=torch.int64), clock(), steps,
-                             tuple(spec_steps))
+                             tuple(spec_steps), self._harvest_s)
 
     # ---- the steps ---------------------------------------------------------------------------
 
@@ -482,10 +485,12 @@ class RolloutEngine:
         _target_layers outputs (B, W, H), counts[b] positions of row b)."""
         if self.harvest is None:
             return
+        start = time.perf_counter()
         features = torch.stack(tuple(hidden[:-1]), dim=2)  # (B, W, F, H)
         # tokens may view per-row state the step is about to overwrite: keep a copy
         self.harvest.add_step([(s.request_index, s.sample_index) for s in samples],
                               tokens.clone(), features, hidden[-1], counts)
+        self._harvest_s += time.perf_counter() - start
 
     def _expand(self, requests: Sequence[Request],
                 request_ids: Sequence[int] | None = None) -> list[_Sample]:
@@ -550,4 +555,6 @@ class RolloutEngine:
             self.draft_cache.lengths[last] = 0
         finished.append(rollout)
         if self.harvest is not None:
+            start = time.perf_counter()
             self.harvest.finish((sample.request_index, sample.sample_index))
+            self._harvest_s += time.perf_counter() - start

@@ -49,11 +49,19 @@ class WorkerGroup:
         return ids, [requests[i] for i in ids]
 
     def mark_done(self, round_id: int) -> None:
+        """This rank's shard is done; the last rank to say so stamps the time (wall clock,
+        shared by the ranks of one machine) for measuring how fast idle ranks yield."""
         key = f"tlt/rollout_done/{round_id}"
         if self._store is None:
             self._done_local[key] = self._done_local.get(key, 0) + 1
-        else:
-            self._store.add(key, 1)
+        elif self._store.add(key, 1) == self.world_size:
+            self._store.set(f"{key}/at", repr(time.time()))
+
+    def all_done_at(self, round_id: int) -> float | None:
+        """When the last rank finished (time.time()), or None in a group of one."""
+        if self._store is None:
+            return None
+        return float(self._store.get(f"tlt/rollout_done/{round_id}/at").decode())
 
     def all_done(self, round_id: int) -> bool:
         key = f"tlt/rollout_done/{round_id}"
@@ -89,6 +97,8 @@ class WorkerRound:
     spot_s: float
     acceptance_length: float | None
     tokens: int
+    harvest_s: float  # critical-path cost of harvesting, inside rollout_s
+    yield_lag_s: float  # from the last rank finishing to this rank leaving its training step
 
 
 def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[Request],
@@ -114,12 +124,15 @@ def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[
         else:
             time.sleep(poll_s)
     makespan = time.perf_counter() - start
+    finished_at = group.all_done_at(round_id)
+    yield_lag = max(0.0, time.time() - finished_at) if finished_at is not None else 0.0
     if detector is not None:
         detector.poll(engine_has_work=True)  # the next round's work is arriving
     rollouts = group.gather(result.rollouts)
     return rollouts, WorkerRound(group.rank, rollout_s, makespan, makespan - rollout_s,
                                  spot_steps, spot_s, result.acceptance_length,
-                                 sum(len(r.tokens) for r in result.rollouts))
+                                 sum(len(r.tokens) for r in result.rollouts), result.harvest_s,
+                                 yield_lag)
 
 
 def refresh(group: WorkerGroup, drafter: Drafter, steps_trained: int) -> bool:
