@@ -49,7 +49,8 @@ def test_buffer_keeps_the_newest_records_under_its_cap(target):
     harvest = HarvestBuffer(max_bytes=40_000, min_length=4)
     engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=48), drafter, harvest)
     engine.generate([Request(p, SamplingParams(temperature=1.0, max_tokens=20)) for p in PROMPTS])
-    assert harvest.bytes <= 40_000 and harvest.evicted > 0 and len(harvest) >= 1
+    assert len(harvest) >= 1  # assembles the finished sequences
+    assert harvest.bytes <= 40_000 and harvest.evicted > 0
     assert not harvest._steps  # every step's tensors released once its sequences finished
     batches = harvest.batches(max_tokens=64, rng=random.Random(0))
     assert sum(b.tokens.shape[0] for b in batches) == len(harvest)

@@ -11,7 +11,9 @@ pairs (f_t, x_{t+1}) and scores against t + 1. A sequence's final token (sampled
 the target) is not a position, so its last pair (f_{T-1}, x_T) is not harvested.
 
 Bounded: records are kept newest first up to `max_bytes` (the oldest are evicted: the target
-moves, so recent data is the relevant data); training batches are packed by length.
+moves, so recent data is the relevant data); training batches are packed by length. Cheap on
+the critical path: the engine's per-step cost is a stack, a copy of the token ids and a tuple
+per row; records are assembled when read, by the spot trainer in idle time.
 
 Shapes: T positions, F feature layers, H hidden size.
 """
@@ -31,7 +33,8 @@ class HarvestBuffer:
         if max_bytes < 1:
             raise ValueError(f"max_bytes: must be >= 1, got {max_bytes}")
         self.max_bytes, self.min_length = max_bytes, min_length
-        self.records: deque[DraftRecord] = deque()  # oldest first
+        self._records: deque[DraftRecord] = deque()  # assembled, oldest first
+        self._complete: list[list[tuple[int, int, int]]] = []  # finished, not yet assembled
         self.bytes = 0
         self.evicted = 0
         self.version = 0  # bumped whenever the records change
@@ -53,24 +56,32 @@ class HarvestBuffer:
         for row, (key, count) in enumerate(zip(keys, counts)):
             self._pieces.setdefault(key, []).append((step, row, count))
 
-    def finish(self, key: object) -> DraftRecord | None:
-        """Sequence `key` is complete: turn it into a record (if it has min_length positions)
-        and evict the oldest records over the memory cap. Returns the record kept, if any."""
-        pieces = self._pieces.pop(key, [])
-        record = None
-        if sum(count for _, _, count in pieces) >= self.min_length:
-            parts = [tuple(t[row, :count] for t in self._steps[step]) for step, row, count in pieces]
-            record = DraftRecord(*(torch.cat(column).detach().to("cpu") for column in zip(*parts)))
-        self._drop(pieces)
-        if record is None:
-            return None
-        self.records.append(record)
-        self.version += 1
-        self.bytes += _record_bytes(record)
-        while self.bytes > self.max_bytes and len(self.records) > 1:
-            self.bytes -= _record_bytes(self.records.popleft())
+    def finish(self, key: object) -> None:
+        """Sequence `key` is complete. Only bookkeeping here, on the rollout's critical path:
+        its record is assembled (slices gathered, copied to the CPU) when the records are next
+        read, which is the spot trainer, in idle time."""
+        pieces = self._pieces.pop(key, None)
+        if pieces is not None:
+            self._complete.append(pieces)
+
+    @property
+    def records(self) -> deque[DraftRecord]:
+        """Finished sequences as DraftRecords, oldest first, at most max_bytes of them."""
+        for pieces in self._complete:
+            if sum(count for _, _, count in pieces) >= self.min_length:
+                parts = [tuple(t[row, :count] for t in self._steps[step])
+                         for step, row, count in pieces]
+                record = DraftRecord(*(torch.cat(column).detach().to("cpu")
+                                       for column in zip(*parts)))
+                self._records.append(record)
+                self.version += 1
+                self.bytes += _record_bytes(record)
+            self._drop(pieces)
+        self._complete.clear()
+        while self.bytes > self.max_bytes and len(self._records) > 1:
+            self.bytes -= _record_bytes(self._records.popleft())
             self.evicted += 1
-        return record
+        return self._records
 
     def discard(self, key: object) -> None:
         """Forget a sequence that will not finish (an aborted rollout)."""
