@@ -49,11 +49,12 @@ def _rank_main(rank: int, world: int, rendezvous: str, out: str) -> None:
         for p in engine.drafter.parameters():
             p.fill_(rank + 1.0)
     refreshed = refresh(group, engine.drafter, steps_trained=1 + 2 * rank)
+    mean = group.mean(None if rank == 0 else 4.0)  # rank 0 had no speculative step
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"tokens": [r.tokens.tolist() for r in rollouts],
                        "ids": [(r.request_index, r.sample_index) for r in rollouts],
-                       "refreshed": refreshed,
+                       "refreshed": refreshed, "mean": mean,
                        "weight": float(next(engine.drafter.parameters()).flatten()[0]),
                        "idle_s": stats.idle_s}, f)
     dist.destroy_process_group()
@@ -69,6 +70,7 @@ def test_two_ranks_equal_one_rank_and_refresh_averages_by_steps(tmp_path):
     assert got["ids"] == [[r.request_index, r.sample_index] for r in single]
     assert got["tokens"] == [r.tokens.tolist() for r in single]
     assert got["refreshed"] and got["weight"] == pytest.approx((1 * 1 + 2 * 3) / 4)
+    assert got["mean"] == 4.0
 
 
 def test_one_worker_group_without_a_launcher():
@@ -78,6 +80,7 @@ def test_one_worker_group_without_a_launcher():
     assert ids == list(range(len(PROMPTS))) and len(mine) == len(PROMPTS)
     engine = _engine()
     assert not refresh(group, engine.drafter, steps_trained=0)  # nobody trained: unchanged
+    assert group.mean(3.0) == 3.0 and group.mean(None) is None
 
 
 def test_watchdog_rolls_back_a_corrupted_drafter_and_outputs_stay_identical():

@@ -79,6 +79,14 @@ class WorkerGroup:
             merged = [r for part in parts for r in part]
         return sorted(merged, key=lambda r: (r.request_index, r.sample_index))
 
+    def mean(self, value: float | None) -> float | None:
+        """The mean over ranks of a per-rank number (None where a rank has none), so every
+        rank's watchdog judges a drafter version on the same acceptance."""
+        pair = torch.tensor([0.0 if value is None else float(value),
+                             0.0 if value is None else 1.0], dtype=torch.float64)
+        total, count = self.all_reduce_sum(pair).tolist()
+        return total / count if count else None
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.distributed:
             dist.all_reduce(tensor)
