@@ -51,10 +51,12 @@ def batch_candidates(seed, batch, depth, topk, **kwargs):
 def test_select_tree_matches_reference(depth, topk, num_nodes, variant):
     cands = batch_candidates(depth * 31 + topk, 4, depth, topk, ties=variant == "ties",
                              invalid=0.3 if variant == "invalid" else 0.0)
-    tree = ops.select_tree(*cands, num_nodes=num_nodes)
     oracle = reference.select_tree(*cands, num_nodes)
-    for got, want in zip((tree.tokens, tree.parents, tree.source_index, tree.num_nodes), oracle):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for validate in (True, False):  # the engine's unchecked fast path selects the same tree
+        tree = ops.select_tree(*cands, num_nodes=num_nodes, validate=validate)
+        for got, want in zip((tree.tokens, tree.parents, tree.source_index, tree.num_nodes),
+                             oracle):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_selected_trees_keep_the_contract():

@@ -110,7 +110,8 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
             frontier_ids = num_candidates + best
         num_candidates += K * K
     return ops.select_tree(torch.cat(cand_tokens, 1), torch.cat(cand_scores, 1),
-                           torch.cat(cand_parents, 1), roots, strategy.num_verify_tokens)
+                           torch.cat(cand_parents, 1), roots, strategy.num_verify_tokens,
+                           validate=False)
 
 
 def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidden: torch.Tensor,
@@ -147,7 +148,7 @@ def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hid
         scores = [-torch.arange(depth, dtype=torch.float32, device=device).expand(B, depth)]
     parents = torch.arange(-1, depth - 1, dtype=torch.int32, device=device).expand(B, depth)
     return ops.select_tree(torch.cat(tokens, 1), torch.cat(scores, 1), parents, roots,
-                           strategy.num_verify_tokens)
+                           strategy.num_verify_tokens, validate=False)
 
 
 def _level_plan(lengths: torch.Tensor, ancestors: torch.Tensor, fed_before: int,

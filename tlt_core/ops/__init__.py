@@ -116,7 +116,7 @@ def _verify_inputs(logits: Any, tokens: Any, parents: Any, num_nodes: Any):
 
 
 def select_tree(cand_tokens: Any, cand_scores: Any, cand_parents: Any, root_tokens: Any,
-                num_nodes: int) -> DraftTree:
+                num_nodes: int, *, validate: bool = True) -> DraftTree:
     """Keep the best `num_nodes - 1` draft candidates (plus the root) by cumulative draft
     log-prob: the EAGLE-2 dynamic tree.
 
@@ -125,6 +125,8 @@ def select_tree(cand_tokens: Any, cand_scores: Any, cand_parents: Any, root_toke
     earlier candidate), root_tokens (B,) int. A path never scores above its prefix (scores are
     min-ed along the path), so the result is ancestor-closed; nodes come out by depth, siblings
     by score. Ragged rows (fewer valid candidates) are padded; see DraftTree.num_nodes.
+    validate=False skips the host-side NaN and parent checks (and their host syncs) for
+    candidates a trusted drafting loop built; the kernel still flags bad rows.
     """
     kind = arr.array_kind(cand_scores)
     scores = arr.as_tensor(cand_scores, "cand_scores")
@@ -132,7 +134,7 @@ def select_tree(cand_tokens: Any, cand_scores: Any, cand_parents: Any, root_toke
         raise TypeError(f"cand_scores: dtype must be float32, got {scores.dtype}")
     if scores.dim() != 2:
         raise ValueError(f"cand_scores: expected shape (B, M), got {tuple(scores.shape)}")
-    if bool(torch.isnan(scores).any()):
+    if validate and bool(torch.isnan(scores).any()):
         raise ValueError("cand_scores: contains NaN (use -inf to mark invalid candidates)")
     scores = scores.contiguous()
     device = scores.device
@@ -145,7 +147,7 @@ def select_tree(cand_tokens: Any, cand_scores: Any, cand_parents: Any, root_toke
     parents = arr.integer_tensor(cand_parents, "cand_parents", torch.int32, device, (batch, num_candidates))
     roots = arr.integer_tensor(root_tokens, "root_tokens", torch.int64, device, (batch,))
     index = torch.arange(num_candidates, device=device)
-    if bool(((parents < -1) | (parents >= index[None, :])).any()):
+    if validate and bool(((parents < -1) | (parents >= index[None, :])).any()):
         raise ValueError("cand_parents: each candidate's parent must be -1 or an earlier candidate")
 
     out_tokens = torch.empty((batch, num_nodes), dtype=torch.int64, device=device)
