@@ -55,8 +55,9 @@ def _rank_main(rank: int, world: int, rendezvous: str, out: str) -> None:
             json.dump({"tokens": [r.tokens.tolist() for r in rollouts],
                        "ids": [(r.request_index, r.sample_index) for r in rollouts],
                        "refreshed": refreshed, "mean": mean,
-                       "weight": float(next(engine.drafter.parameters()).flatten()[0]),
+                       "weight": float(next(engine.drafter.parameters()).detach().flatten()[0]),
                        "idle_s": stats.idle_s}, f)
+    dist.barrier()  # leave together: gloo can abort a rank that tears down while a peer is busy
     dist.destroy_process_group()
 
 

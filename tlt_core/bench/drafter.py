@@ -123,6 +123,7 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     dist.all_gather_object(gathered, rows)
     if rank == 0:
         Path(setup["out"]).write_text(json.dumps([r for part in gathered for r in part]))
+    dist.barrier()  # leave together: gloo can abort a rank that tears down while a peer is busy
     dist.destroy_process_group()
 
 
