@@ -3,6 +3,7 @@
 drafter and keeps outputs identical."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -57,8 +58,12 @@ def _rank_main(rank: int, world: int, rendezvous: str, out: str) -> None:
                        "refreshed": refreshed, "mean": mean,
                        "weight": float(next(engine.drafter.parameters()).detach().flatten()[0]),
                        "idle_s": stats.idle_s}, f)
-    dist.barrier()  # leave together: gloo can abort a rank that tears down while a peer is busy
+    dist.barrier()  # leave together
     dist.destroy_process_group()
+    # Under load, a rank has aborted in C++ static teardown at interpreter exit ("terminate
+    # called without an active exception") after all its work was done and written; leave
+    # without running those destructors. The cause is not yet pinned down (see the README).
+    os._exit(0)
 
 
 @pytest.mark.slow

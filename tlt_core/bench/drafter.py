@@ -24,6 +24,7 @@ import copy
 import itertools
 import json
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -123,8 +124,12 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     dist.all_gather_object(gathered, rows)
     if rank == 0:
         Path(setup["out"]).write_text(json.dumps([r for part in gathered for r in part]))
-    dist.barrier()  # leave together: gloo can abort a rank that tears down while a peer is busy
+    dist.barrier()  # leave together
     dist.destroy_process_group()
+    # Under load, a rank has aborted in C++ static teardown at interpreter exit ("terminate
+    # called without an active exception") after all its work was done and written; leave
+    # without running those destructors. The cause is not yet pinned down (see the README).
+    os._exit(0)
 
 
 def run(target, drafter_folder: Path, target_folder: Path, *, rounds: int = 8, world: int = 2,
