@@ -89,7 +89,8 @@ def make_batch(records: Sequence[DraftRecord]) -> DraftBatch:
     return DraftBatch(tokens, features, last, mask)
 
 
-def eagle_loss(drafter: Drafter, batch: DraftBatch) -> tuple[torch.Tensor, dict]:
+def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_WEIGHT
+               ) -> tuple[torch.Tensor, dict]:
     """EAGLE loss over every real pair of the batch, teacher-forced with the target's features.
     Returns (loss, {"regression", "token", "top1"}) — top1 is the share of pairs where the
     drafter's argmax equals the target's, a cheap acceptance proxy."""
@@ -105,15 +106,15 @@ def eagle_loss(drafter: Drafter, batch: DraftBatch) -> tuple[torch.Tensor, dict]
         target_probs = torch.softmax(drafter.logits(truth[mask]), -1)  # (P, V)
     token = -(target_probs * torch.log_softmax(logits, -1)).sum(-1).mean()
     top1 = (logits.argmax(-1) == target_probs.argmax(-1)).float().mean()
-    loss = REGRESSION_WEIGHT * regression + TOKEN_WEIGHT * token
+    loss = REGRESSION_WEIGHT * regression + token_weight * token
     return loss, {"regression": regression.item(), "token": token.item(), "top1": top1.item()}
 
 
 def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftBatch,
-               grad_clip: float = 1.0) -> dict:
+               grad_clip: float = 1.0, token_weight: float = TOKEN_WEIGHT) -> dict:
     """One optimizer step on the EAGLE loss; the metrics of eagle_loss plus "loss"."""
     drafter.train()
-    loss, metrics = eagle_loss(drafter, batch)
+    loss, metrics = eagle_loss(drafter, batch, token_weight)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(drafter.parameters(), grad_clip)

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from tlt_core.drafter import Drafter
-from tlt_core.drafter_training import DraftBatch, make_optimizer, train_step
+from tlt_core.drafter_training import TOKEN_WEIGHT, DraftBatch, make_optimizer, train_step
 from tlt_core.harvest import HarvestBuffer
 
 
@@ -36,6 +36,7 @@ class SpotConfig:
     lr: float = 1e-3
     batch_tokens: int = 4096  # padded positions per training batch
     seed: int = 0
+    token_weight: float = TOKEN_WEIGHT  # weight of the EAGLE loss's cross-entropy term
 
     def __post_init__(self):
         if not self.lr > 0:
@@ -76,7 +77,8 @@ class SpotTrainer:
             if batch is None:
                 stopped = "no_data"
                 break
-            last = train_step(self.drafter, self.optimizer, batch)
+            last = train_step(self.drafter, self.optimizer, batch,
+                              token_weight=self.config.token_weight)
             self.steps += 1
             taken += 1
         return SpotSession(taken, time.perf_counter() - start, stopped,

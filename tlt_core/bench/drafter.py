@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from tlt_core.drafter_training import TOKEN_WEIGHT
 from tlt_core.task import MODULUS, CharTokenizer, Problem, TaskConfig, generate_problems
 
 
@@ -94,7 +95,8 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     spot = Drafter.load(setup["drafter"], target).eval()
     harvest = HarvestBuffer(max_bytes=8 << 20)  # about two rounds: recent targets only
     trainer = SpotTrainer(spot, harvest, SpotConfig(lr=setup["lr"], batch_tokens=256,
-                                                    seed=rank))
+                                                    seed=rank,
+                                                    token_weight=setup["token_weight"]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no NVML on a CPU machine: the engine signal decides
         detector = IdleDetector(idle_after_s=0.0)
@@ -134,7 +136,7 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
 
 def run(target, drafter_folder: Path, target_folder: Path, *, rounds: int = 8, world: int = 2,
         requests: int = 192, max_batch: int | None = None, steps_per_round: int = 25,
-        strategy=(6, 1, 7), lr: float = 1e-3) -> dict:
+        strategy=(6, 1, 7), lr: float = 1e-3, token_weight: float = TOKEN_WEIGHT) -> dict:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as folder:
@@ -145,6 +147,7 @@ def run(target, drafter_folder: Path, target_folder: Path, *, rounds: int = 8, w
                  # default: a rank admits its whole shard at once, as an RL rollout does, so
                  # the ranks' longest responses decide who idles in the tail
                  "max_batch": max_batch or -(-requests // world), "strategy": list(strategy), "lr": lr,
+                 "token_weight": token_weight,
                  "out": str(folder / "rows.json")}
         mp.spawn(_worker, args=(world, str(folder / "rendezvous"), setup), nprocs=world,
                  join=True)
