@@ -405,7 +405,8 @@ class RolloutEngine:
         t2 = time.perf_counter()
         counts = verdict.num_accepted.to(torch.int64) + 1  # (B,) tokens each row emits
         view.compact(verdict.accept_index, verdict.num_accepted)
-        width = int(counts.max())
+        count_list = counts.tolist()  # the accept phase's one host sync
+        width = max(count_list)
         path = verdict.accept_index[:, :width].clamp(min=0).long()  # (B, width) accepted nodes
         path_hidden = [h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
                        for h in out.hidden_states]
@@ -414,13 +415,12 @@ class RolloutEngine:
         self.rows.last[:batch] = emitted.gather(1, (counts - 1)[:, None])[:, 0]
         self.rows.offset[:batch] += counts
         kept = [self._append(sample, tokens[:n], logprobs[:n]) for sample, n, tokens, logprobs
-                in zip(running, counts.tolist(), emitted.tolist(),
-                       verdict.emitted_logprobs.tolist())]
+                in zip(running, count_list, emitted.tolist(), verdict.emitted_logprobs.tolist())]
         # a position belongs to the sequence only if the token after it was kept
         self._harvest(running, tree.tokens.gather(1, path), path_hidden, kept)
         t3 = time.perf_counter()
-        drafted = int((tree.num_nodes - 1).sum())
-        emitted_total = int(counts.sum())
+        drafted = int(tree.num_nodes.sum()) - batch
+        emitted_total = sum(count_list)
         return SpecStepStats(step, batch, str(strategy), drafted, emitted_total - batch,
                              emitted_total, t1 - t0, t2 - t1, t3 - t2)
 

@@ -72,14 +72,15 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
     if K > drafter.target.config.vocab_size:
         raise ValueError(f"strategy: topk {K} exceeds the vocabulary "
                          f"({drafter.target.config.vocab_size})")
-    if int(cache.lengths.max()) + strategy.fed_nodes > cache.shape.max_len:
+    lengths = cache.lengths
+    shortest, longest = (int(n) for n in torch.aminmax(lengths))  # the draft's one host sync
+    if longest + strategy.fed_nodes > cache.shape.max_len:
         raise ValueError(f"strategy: {strategy} drafts {strategy.fed_nodes} nodes past the "
                          f"drafter cache's {cache.shape.max_len} slots; raise the engine's "
                          "spec_reserve")
-    lengths = cache.lengths
-    shortest, longest = (int(n) for n in torch.aminmax(lengths))
     if K == 1:
-        return _draft_chain(drafter, cache, roots, root_hidden, strategy, shortest == longest)
+        return _draft_chain(drafter, cache, roots, root_hidden, strategy, shortest == longest,
+                            longest)
     scores, tokens = torch.log_softmax(drafter.logits(root_hidden), -1).topk(K, dim=-1)  # (B, K)
     cand_tokens, cand_scores = [tokens], [scores]
     cand_parents = [torch.full((B, K), -1, dtype=torch.int32, device=device)]
@@ -115,12 +116,11 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
 
 
 def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidden: torch.Tensor,
-                 strategy: Strategy, uniform: bool) -> ops.DraftTree:
+                 strategy: Strategy, uniform: bool, longest: int) -> ops.DraftTree:
     """draft_tree for K = 1, without the tree bookkeeping: level j's node is candidate j - 1,
     the child of candidate j - 2, and sees every fed slot (with no mask at all when the rows
     have equal lengths)."""
     B, depth, lengths, device = roots.shape[0], strategy.depth, cache.lengths, roots.device
-    longest = int(lengths.max()) if uniform else 0
     # When every drafted node is verified, scores only need to fall with depth; otherwise
     # select_tree keeps the best prefix by cumulative log q.
     exact = strategy.num_verify_tokens - 1 < depth
