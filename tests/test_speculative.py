@@ -287,3 +287,30 @@ def test_speculative_benchmark_rows(tmp_path):
     bench.plot(rows, tmp_path / "speedup.png")
     assert (tmp_path / "speedup.png").stat().st_size > 0
     assert bench.parse_strategy("(6,8,32)") == Strategy(6, 8, 32)
+
+
+def test_draft_level_attention_sees_committed_slots_and_its_ancestors_only():
+    """attention_plan with `before` uncommitted slots (the draft tree's earlier levels):
+    checked entry by entry against the definition, ragged rows, tree and causal masks."""
+    from tlt_core.attention_plan import attention_plan
+    from tlt_core.kv_cache import CacheShape, KVCache
+
+    g = torch.Generator().manual_seed(0)
+    cache = KVCache(CacheShape(1, 3, 1, 32, 2))
+    cache.lengths.copy_(torch.tensor([5, 2, 9]))
+    before, T = 4, 3
+    ancestors = torch.rand(3, T, before + T, generator=g) < 0.5
+    for tree_mask in (ancestors, None):
+        plan = attention_plan((3, T), cache, tree_mask, torch.device("cpu"), before=before)
+        assert plan.read_len == 9 + before + T
+        for b, length in enumerate([5, 2, 9]):
+            assert plan.write_slots[b].tolist() == [length + before + i for i in range(T)]
+            for i in range(T):
+                for s in range(plan.read_len):
+                    u = s - length  # uncommitted slot index, or < 0 for committed
+                    if tree_mask is None:
+                        want = u <= before + i
+                    else:
+                        want = u < 0 or (u < before + T and (bool(ancestors[b, i, u])
+                                                              or u == before + i))
+                    assert bool(plan.mask[b, 0, i, s]) == want, (b, i, s)

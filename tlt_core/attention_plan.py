@@ -1,9 +1,10 @@
 """How the new tokens of one forward attend: the mask over cache slots and where they write.
 
-Shared by `Transformer.forward` and the packed inference pass (`tlt_core.decode`), so the two can
-never disagree on which slots a token sees: new token i of row b is written to slot
-`cache.lengths[b] + i` and sees the row's committed slots plus the new tokens its `tree_mask`
-row allows (default causal), always including itself.
+Shared by `Transformer.forward`, the packed inference pass (`tlt_core.decode`) and the draft
+tree's levels (`tlt_core.speculative`), so none can disagree on which slots a token sees: new
+token i of row b is written to slot `cache.lengths[b] + before + i` and sees the row's committed
+slots plus the uncommitted ones (the `before` slots an earlier pass wrote, and the new tokens)
+that its `tree_mask` row allows (default causal), always including itself.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ class AttentionPlan:
 
 
 def attention_plan(shape: torch.Size | tuple[int, int], cache, tree_mask: torch.Tensor | None,
-                   device: torch.device) -> AttentionPlan:
+                   device: torch.device, before: int = 0) -> AttentionPlan:
     """shape (B, T) of the new tokens; cache a tlt_core.kv_cache.KVCache or None; tree_mask
-    (B, T, T) bool or None."""
+    (B, T, before + T) bool or None; before: uncommitted slots written by earlier passes (the
+    draft tree's previous levels), after each row's committed ones."""
     B, T = shape
     own = torch.eye(T, dtype=torch.bool, device=device)  # (T, T)
     if cache is None:
@@ -34,16 +36,20 @@ def attention_plan(shape: torch.Size | tuple[int, int], cache, tree_mask: torch.
         # Every query sees at least itself: a padding token whose mask row is all False
         # would otherwise get NaN from some attention backends (zeros from others).
         return AttentionPlan((tree_mask | own)[:, None], None, T)
-    cache.check_room(torch.full((B,), T, dtype=torch.int64))
+    span = before + T  # uncommitted slots the new tokens may see
+    cache.check_room(torch.full((B,), span, dtype=torch.int64))
     lengths = cache.lengths  # (B,) committed slots
     # One host sync: read only the slots some row uses, not all of T_max.
-    read_len = int(lengths.max()) + T
-    allowed = (torch.ones(T, T, dtype=torch.bool, device=device).tril() if tree_mask is None
-               else tree_mask) | own  # (B or 1, T, T)
+    read_len = int(lengths.max()) + span
+    if tree_mask is None:
+        allowed = torch.ones(T, span, dtype=torch.bool, device=device).tril(before)
+    else:
+        allowed = tree_mask.clone()  # (B, T, span)
+        allowed[..., before:] |= own
     rel = torch.arange(read_len, device=device) - lengths[:, None]  # (B, S) slot - lengths
-    is_new = (rel >= 0) & (rel < T)  # (B, S) slots this pass writes
-    new_index = rel.clamp(0, T - 1)[:, None, :].expand(B, T, read_len)  # (B, T, S)
-    sees_new = allowed.expand(B, T, T).gather(2, new_index) & is_new[:, None]  # (B, T, S)
-    mask = (rel < 0)[:, None, :] | sees_new  # (B, T, S): committed prefix + allowed new
-    write_slots = lengths[:, None] + torch.arange(T, device=device)  # (B, T)
+    in_span = (rel >= 0) & (rel < span)  # (B, S) uncommitted slots
+    index = rel.clamp(0, span - 1)[:, None, :].expand(B, T, read_len)  # (B, T, S)
+    sees = allowed.expand(B, T, span).gather(2, index) & in_span[:, None]  # (B, T, S)
+    mask = (rel < 0)[:, None, :] | sees  # (B, T, S): committed prefix + allowed uncommitted
+    write_slots = lengths[:, None] + before + torch.arange(T, device=device)  # (B, T)
     return AttentionPlan(mask[:, None], write_slots, read_len)

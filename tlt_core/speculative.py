@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 import tlt_core.ops as ops
-from tlt_core.attention_plan import AttentionPlan
+from tlt_core.attention_plan import AttentionPlan, attention_plan
 from tlt_core.drafter import Drafter
 from tlt_core.kv_cache import KVCache
 
@@ -92,7 +92,7 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
     for level in range(1, strategy.depth):
         tokens, scores, features = frontier
         fed_before = (level - 1) * K
-        plan = _level_plan(lengths, ancestors, fed_before, K)
+        plan = attention_plan((B, K), cache, ancestors, device, before=fed_before)
         positions = (lengths + level - 1)[:, None].expand(B, K)
         hidden = drafter(tokens, features, positions, cache, plan=plan)  # (B, K, H)
         child_scores, child_tokens = torch.log_softmax(drafter.logits(hidden), -1).topk(K, dim=-1)
@@ -136,8 +136,7 @@ def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hid
         if uniform:
             plan = AttentionPlan(None, slots, longest + level)
         else:
-            every = torch.ones(B, 1, level, dtype=torch.bool, device=device)
-            plan = _level_plan(lengths, every, level - 1, 1)
+            plan = attention_plan((B, 1), cache, None, device, before=level - 1)
         hidden = drafter(token, hidden, slots, cache, plan=plan)
         step, token = best(hidden[:, 0])
         tokens.append(token)
@@ -149,18 +148,3 @@ def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hid
     parents = torch.arange(-1, depth - 1, dtype=torch.int32, device=device).expand(B, depth)
     return ops.select_tree(torch.cat(tokens, 1), torch.cat(scores, 1), parents, roots,
                            strategy.num_verify_tokens, validate=False)
-
-
-def _level_plan(lengths: torch.Tensor, ancestors: torch.Tensor, fed_before: int,
-                count: int) -> AttentionPlan:
-    """Attention of `count` nodes fed after `fed_before` earlier ones: committed slots, plus
-    the fed slots that `ancestors` (B, count, fed_before + count) marks."""
-    fed = fed_before + count
-    read_len = int(lengths.max()) + fed
-    rel = torch.arange(read_len, device=lengths.device) - lengths[:, None]  # (B, S)
-    in_fed = (rel >= 0) & (rel < fed)
-    index = rel.clamp(0, fed - 1)[:, None, :].expand(-1, count, -1)  # (B, count, S)
-    sees = ancestors.gather(2, index) & in_fed[:, None]  # (B, count, S)
-    mask = (rel < 0)[:, None] | sees
-    write_slots = lengths[:, None] + fed_before + torch.arange(count, device=lengths.device)
-    return AttentionPlan(mask[:, None], write_slots, read_len)
