@@ -58,12 +58,14 @@ def collect_records(target: Transformer, sequences: Sequence[Sequence[int]],
                     feature_layers: Sequence[int]) -> list[DraftRecord]:
     """Records for full token sequences (prompt + response), from one target pass each."""
     layers = list(feature_layers) + [-1]
+    device = target.lm_head.weight.device
     records = []
     for sequence in sequences:
-        ids = torch.tensor([list(sequence)], dtype=torch.int64)
-        out = target(ids, torch.arange(ids.shape[1])[None], hidden_layers=layers)
+        ids = torch.tensor([list(sequence)], dtype=torch.int64, device=device)
+        out = target(ids, torch.arange(ids.shape[1], device=device)[None], hidden_layers=layers)
         hidden = out.hidden_states
-        records.append(DraftRecord(ids[0], torch.stack(hidden[:-1], dim=2)[0], hidden[-1][0]))
+        records.append(DraftRecord(ids[0].cpu(), torch.stack(hidden[:-1], dim=2)[0].cpu(),
+                                   hidden[-1][0].cpu()))
     return records
 
 
@@ -73,6 +75,13 @@ class DraftBatch:
     features: torch.Tensor  # (B, T, F, H)
     last_hidden: torch.Tensor  # (B, T, H)
     mask: torch.Tensor  # (B, T - 1) bool: position t is a real training pair (t + 1 < length)
+
+    def to(self, device: torch.device) -> DraftBatch:
+        """Records live on the CPU; a batch moves to the drafter's device to train."""
+        if self.tokens.device == device:
+            return self
+        return DraftBatch(*(t.to(device, non_blocking=True) for t in
+                            (self.tokens, self.features, self.last_hidden, self.mask)))
 
 
 def make_batch(records: Sequence[DraftRecord]) -> DraftBatch:
@@ -97,7 +106,7 @@ def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_
     tokens, mask = batch.tokens, batch.mask
     B, T = tokens.shape
     features = drafter.features(batch.features[:, :-1].unbind(dim=2))  # (B, T-1, H): f_t
-    positions = torch.arange(T - 1)[None].expand(B, T - 1)
+    positions = torch.arange(T - 1, device=tokens.device)[None].expand(B, T - 1)
     predicted = drafter(tokens[:, 1:], features, positions)  # (B, T-1, H): f'_{t+1}
     truth = batch.last_hidden[:, 1:]  # (B, T-1, H): the target's hidden at t + 1
     regression = F.smooth_l1_loss(predicted[mask], truth[mask])
@@ -114,7 +123,7 @@ def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftB
                grad_clip: float = 1.0, token_weight: float = TOKEN_WEIGHT) -> dict:
     """One optimizer step on the EAGLE loss; the metrics of eagle_loss plus "loss"."""
     drafter.train()
-    loss, metrics = eagle_loss(drafter, batch, token_weight)
+    loss, metrics = eagle_loss(drafter, batch.to(drafter.fc.weight.device), token_weight)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(drafter.parameters(), grad_clip)
