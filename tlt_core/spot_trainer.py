@@ -17,6 +17,7 @@ a background thread writes them; `wait()` joins it.
 
 from __future__ import annotations
 
+import copy
 import random
 import threading
 import time
@@ -104,7 +105,7 @@ class SpotTrainer:
     def state_dict(self) -> dict:
         """The trainable tensors, the optimizer state and the step count (copied)."""
         return {"drafter": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
-                "optimizer": _clone(self.optimizer.state_dict()), "steps": self.steps}
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()), "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.drafter.load_state_dict(state["drafter"])
@@ -136,12 +137,3 @@ class SpotTrainer:
             raise FileNotFoundError(f"path: no spot-trainer checkpoint at {path}")
         self.load_state_dict(torch.load(path, weights_only=True))
 
-
-def _clone(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clone(v) for v in value]
-    return value
