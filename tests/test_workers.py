@@ -89,6 +89,23 @@ def test_one_worker_group_without_a_launcher():
     assert group.mean(3.0) == 3.0 and group.mean(None) is None
 
 
+def test_shard_keeps_sibling_groups_on_one_rank():
+    group = WorkerGroup()
+    requests = list(range(12))  # any sequence: shard only indexes it
+    group.world_size = 2
+    shards = []
+    for rank in range(2):
+        group.rank = rank
+        shards.append(group.shard(requests, group_size=3)[0])
+    assert shards == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+    group.rank = 1
+    assert group.shard(requests)[0] == [1, 3, 5, 7, 9, 11]  # group_size 1: i mod N
+    with pytest.raises(ValueError, match="group_size"):
+        group.shard(requests, group_size=5)
+    with pytest.raises(ValueError, match="group_size"):
+        group.shard(requests, group_size=0)
+
+
 def test_watchdog_rolls_back_a_corrupted_drafter_and_outputs_stay_identical():
     target = tiny_target()
     drafter = train_drafter(target)

@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     drafter.add_argument("--rounds", type=int, default=8, help="evolving-target rounds")
     drafter.add_argument("--world", type=int, default=2, help="rollout ranks (processes)")
     drafter.add_argument("--requests", type=int, default=192, help="requests per round")
+    drafter.add_argument("--group-size", type=int, default=8,
+                         help="samples per prompt (a GRPO group; a group stays on one rank)")
+    drafter.add_argument("--extra-steps", type=int, default=0,
+                         help="ceiling study: spot steps per rank added after each round, off "
+                              "the clock, as if the tail had left that much idle time")
     drafter.add_argument("--steps-per-round", type=int, default=25,
                          help="target fine-tuning steps between rounds (the drift)")
 
@@ -206,7 +211,9 @@ def run_bench_drafter(args: argparse.Namespace) -> int:
     load_or_warm_up_drafter(target, target_folder)  # trained and cached on first use
     result = bench_drafter.run(target, drafter_folder(target_folder, DrafterWarmupConfig()),
                                target_folder, rounds=args.rounds, world=args.world,
-                               requests=args.requests, steps_per_round=args.steps_per_round)
+                               requests=args.requests, group_size=args.group_size,
+                               steps_per_round=args.steps_per_round,
+                               extra_steps=args.extra_steps)
     print(bench_drafter.format_table(result))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

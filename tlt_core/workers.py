@@ -1,9 +1,12 @@
 """Rollout workers as torch.distributed ranks, with idle-time drafter training and refresh.
 
 One process per worker (`torchrun --nproc-per-node N`; gloo on CPU, NCCL on GPU; one process
-and no launcher is a group of one). Each rank runs its own engine over its shard of the requests
-(request i goes to rank i mod N and keeps i as its id, so seeds and records do not depend on
-N). A rank whose shard is done is in the tail's idle time: while its idle detector agrees, its
+and no launcher is a group of one). Each rank runs its own engine over its shard of the requests:
+requests come in groups of `group_size` consecutive requests (GRPO's n samples of one prompt)
+and group g goes to rank g mod N, so siblings share a rank (as in verl's contiguous split: their
+lengths are correlated, which is where the imbalance between ranks comes from, and sibling
+drafts need them together). Request i keeps i as its id, so seeds and records do not depend on
+N. A rank whose shard is done is in the tail's idle time: while its idle detector agrees, its
 spot trainer trains the drafter on what this rank harvested, until the last rank finishes
 (a counter in the group's store, checked before every training step).
 
@@ -44,8 +47,16 @@ class WorkerGroup:
         self._store = dist.distributed_c10d._get_default_store() if self.distributed else None
         self._done_local: dict[str, int] = {}
 
-    def shard(self, requests: Sequence[Request]) -> tuple[list[int], list[Request]]:
-        ids = list(range(self.rank, len(requests), self.world_size))
+    def shard(self, requests: Sequence[Request], group_size: int = 1
+              ) -> tuple[list[int], list[Request]]:
+        """This rank's (ids, requests): the groups of `group_size` consecutive requests whose
+        group index is this rank's modulo the world size."""
+        if not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size: must be an int >= 1, got {group_size!r}")
+        if len(requests) % group_size:
+            raise ValueError(f"group_size: {len(requests)} requests are not whole groups of "
+                             f"{group_size}")
+        ids = [i for i in range(len(requests)) if (i // group_size) % self.world_size == self.rank]
         return ids, [requests[i] for i in ids]
 
     def mark_done(self, round_id: int) -> None:
@@ -112,10 +123,12 @@ class WorkerRound:
 def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[Request],
                   round_id: int, strategy: StrategyPolicy = None,
                   trainer: SpotTrainer | None = None, detector: IdleDetector | None = None,
-                  poll_s: float = 0.002) -> tuple[list[Rollout], WorkerRound]:
-    """Rolls out this rank's shard, spot-trains while the other ranks finish, and returns
-    every rank's rollouts (gathered) with this rank's timings."""
-    ids, mine = group.shard(requests)
+                  poll_s: float = 0.002, group_size: int = 1
+                  ) -> tuple[list[Rollout], WorkerRound]:
+    """Rolls out this rank's shard (whole groups of `group_size` siblings), spot-trains while
+    the other ranks finish, and returns every rank's rollouts (gathered) with this rank's
+    timings."""
+    ids, mine = group.shard(requests, group_size)
     start = time.perf_counter()
     result = engine.generate(mine, strategy, request_ids=ids)
     rollout_s = time.perf_counter() - start

@@ -6,11 +6,16 @@ task: the same prompts, but the countdown steps down by two (`37+04` ->
 initial drafter learned. Checkpoint k is the model after k x `steps_per_round` AdamW steps on
 that task (cached): a stand-in for the policy updates of RL, which this issue does not have yet.
 
-Each round, on `world` ranks (gloo, one thread each) and the same requests and seeds:
+Each round's requests are GRPO groups: `requests / group_size` prompts, `group_size` samples
+each (T = 1), a group's samples on one rank (`WorkerGroup.shard`), so the ranks' loads differ as
+in RL, where a hard prompt's samples are all long. Each round, on `world` ranks (gloo, one
+thread each) and the same requests and seeds:
 1. frozen: SD with the initial drafter, no spot training (its acceptance is the baseline);
 2. spot off: SD with the current spot-trained drafter, no training (makespan baseline);
 3. spot on: the same, with harvest and idle-time spot training, then the step-weighted
    refresh of the replicas (the drafter the next round uses).
+`extra_steps` > 0 adds that many training steps per rank after each round, off the clock: not
+what a deployment does, but the ceiling study of what more idle time would buy.
 Rows per round; a summary with `spot_vs_frozen_acceptance` (mean acceptance, spot over frozen,
 last half of the rounds), `spot_training_overhead` (makespan on / off - 1, summed over the
 rounds: an A/B comparison, as noisy as the machine) and `spot_training_overhead_accounted` (the
@@ -106,7 +111,9 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     for index, state in enumerate(states):
         with torch.no_grad():
             target.load_state_dict(state)
-        requests, max_len = _requests(setup["requests"], 1.0, 900 + index, None)
+        prompts, max_len = _requests(setup["requests"] // setup["group_size"], 1.0,
+                                     900 + index, None)
+        requests = [r for r in prompts for _ in range(setup["group_size"])]  # GRPO groups
         config = EngineConfig(max_batch=setup["max_batch"], max_len=max_len, seed=index)
         arms = {}
         for arm, drafter, train in (("frozen", frozen, False), ("spot_off", spot, False),
@@ -114,10 +121,15 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
             engine = RolloutEngine(target, config, drafter, harvest if train else None)
             _, stats = rollout_round(group, engine, requests, round_id=3 * index + len(arms),
                                      strategy=strategy, trainer=trainer if train else None,
-                                     detector=detector if train else None)
+                                     detector=detector if train else None,
+                                     group_size=setup["group_size"])
             arms[arm] = stats
-        refreshed = refresh(group, spot, arms["spot_on"].spot_steps)
+        trained = arms["spot_on"].spot_steps
+        if setup["extra_steps"]:  # the ceiling study: as if the tail had left this much idle
+            trained += trainer.train(lambda: False, max_steps=setup["extra_steps"]).steps
+        refreshed = refresh(group, spot, trained)
         rows.append({"round": index, "rank": rank, "refreshed": refreshed,
+                     "extra_steps": trained - arms["spot_on"].spot_steps,
                      **{f"{arm}_{key}": getattr(s, key) for arm, s in arms.items()
                         for key in ("acceptance_length", "makespan_s", "rollout_s",
                                     "idle_s", "spot_steps", "tokens", "harvest_s",
@@ -135,15 +147,20 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
 
 
 def run(target, drafter_folder: Path, target_folder: Path, *, rounds: int = 8, world: int = 2,
-        requests: int = 192, max_batch: int | None = None, steps_per_round: int = 25,
+        requests: int = 192, group_size: int = 8, max_batch: int | None = None,
+        steps_per_round: int = 25, extra_steps: int = 0,
         strategy=(6, 1, 7), lr: float = 1e-3, token_weight: float = TOKEN_WEIGHT) -> dict:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
+        if requests % (group_size * world):
+            raise ValueError(f"requests: {requests} must be a multiple of group_size x world = "
+                             f"{group_size * world}")
         torch.save(evolving_checkpoints(target, rounds, steps_per_round), folder / "ckpt.pt")
         setup = {"target": str(target_folder), "drafter": str(drafter_folder),
                  "checkpoints": str(folder / "ckpt.pt"), "requests": requests,
+                 "group_size": group_size, "extra_steps": extra_steps,
                  # default: a rank admits its whole shard at once, as an RL rollout does, so
                  # the ranks' longest responses decide who idles in the tail
                  "max_batch": max_batch or -(-requests // world), "strategy": list(strategy), "lr": lr,
@@ -178,6 +195,7 @@ def summarize(rows: list[dict], rounds: int) -> dict:
             "spot_training_overhead_accounted": accounted / makespan["spot_on"],
             "mean_acceptance_spot_last_half": spot, "mean_acceptance_frozen_last_half": frozen,
             "spot_steps_total": sum(r["spot_on_spot_steps"] for r in rows),
+            "extra_steps_total": sum(r.get("extra_steps", 0) for r in rows),
             "makespan_spot_on_s": makespan["spot_on"], "makespan_spot_off_s": makespan["spot_off"]}
 
 
