@@ -31,6 +31,7 @@ import tlt_core.ops as ops
 from tlt_core.drafter import Drafter
 from tlt_core.harvest import HarvestBuffer
 from tlt_core.kv_cache import CacheBudgetError, CacheShape, KVCache
+from tlt_core.model_free import ModelFree, SuffixDrafts
 from tlt_core.speculative import Strategy, draft_tree
 
 
@@ -132,6 +133,12 @@ class EngineConfig:
     # Cache slots past max_len that a speculative step may write (its tree's nodes, in the
     # target's and the drafter's caches); bounds num_verify_tokens and (depth - 1) * topk.
     spec_reserve: int = 64
+    # How the drafter's cache follows positions committed without it (plain and model-free
+    # steps): "lazy" keeps their target features in a backlog and runs the drafter over it in
+    # one batched pass when it drafts next (or the backlog holds draft_backlog positions);
+    # "eager" runs the drafter after every such step. Same drafts either way.
+    drafter_sync: str = "lazy"
+    draft_backlog: int = 128
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -140,11 +147,19 @@ class EngineConfig:
             raise ValueError(f"max_len: must be >= 2, got {self.max_len}")
         if self.spec_reserve < 2:
             raise ValueError(f"spec_reserve: must be >= 2, got {self.spec_reserve}")
+        if self.drafter_sync not in ("lazy", "eager"):
+            raise ValueError(f"drafter_sync: must be 'lazy' or 'eager', got {self.drafter_sync!r}")
+        if self.draft_backlog < self.spec_reserve:
+            raise ValueError(f"draft_backlog: must be >= spec_reserve ({self.spec_reserve}), "
+                             f"got {self.draft_backlog}")
 
 
-# What generate() is told about speculation: never (None), always one strategy, or a policy
-# asked before every step with the running batch size (the adaptive loop).
-StrategyPolicy = Union[Strategy, None, Callable[[int], Optional[Strategy]]]
+# A draft plan for one step: the learned drafter's tree, or drafts copied from sibling responses.
+DraftPlan = Union[Strategy, ModelFree]
+# What generate() is told about speculation: never (None), always one plan, or a policy asked
+# before every step with the running batch size (the adaptive loop). A policy with an
+# observe(batch, plan, emitted_tokens, seconds) method is told how each step went.
+StrategyPolicy = Union[DraftPlan, None, Callable[[int], Optional[DraftPlan]]]
 
 
 @dataclass
@@ -253,7 +268,7 @@ class RolloutEngine:
             raise ValueError("drafter: was built for another target model; attach it to this one")
         weight = next(model.parameters())
         self.device = weight.device
-        reserve = config.spec_reserve if drafter is not None else 0
+        reserve = config.spec_reserve
         shape = CacheShape(model_config.num_layers, config.max_batch, model_config.num_kv_heads,
                            config.max_len + reserve, model_config.head_dim)
         budget = config.cache_budget_bytes
@@ -269,6 +284,15 @@ class RolloutEngine:
                               weight.device)
         self._drafting = False  # per generate(): keep the drafter's cache current
         self._harvest_s = 0.0  # per generate(): time handing positions to the harvest
+        # Sibling and previous-rollout responses for model-free drafts; each generate() turns
+        # the last one's responses into history (add_history adds a caller's own).
+        self.model_free = SuffixDrafts()
+        # The lazy drafter sync's backlog: per row, committed pairs (x_{t+1}, target features
+        # at t) the drafter has not seen, _backlog_len of them; allocated on first use.
+        self._backlog_tokens: torch.Tensor | None = None  # (rows, draft_backlog) int64
+        self._backlog_features: torch.Tensor | None = None  # (rows, draft_backlog, F, H)
+        self._backlog_len = torch.zeros(config.max_batch, dtype=torch.int64, device=self.device)
+        self._backlog_width = 0  # bound on max(_backlog_len) over the running rows
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -282,14 +306,19 @@ class RolloutEngine:
         request_ids: each request's index in a larger set (a worker's shard), used in records
         and seeds so a sample does not depend on how requests were split among workers."""
         policy = self._policy(strategy)
+        observe = getattr(strategy, "observe", None)
+        self.model_free.new_round()
         waiting = self._expand(requests, request_ids)
         running: list[_Sample] = []
         finished: list[Rollout] = []
         trace_time, trace_running, spec_steps = [], [], []
         self.cache.lengths.zero_()
-        self._drafting, self._harvest_s = policy is not None, 0.0
+        self._drafting = policy is not None and self.drafter is not None
+        self._harvest_s = 0.0
         if self._drafting:
             self.draft_cache.lengths.zero_()
+        self._backlog_len.zero_()
+        self._backlog_width = 0
         start = time.perf_counter()
         clock = lambda: time.perf_counter() - start  # noqa: E731
         steps = 0
@@ -298,11 +327,16 @@ class RolloutEngine:
             if not running:
                 continue
             batch = len(running)
+            step_start = time.perf_counter()
             chosen = None if policy is None else policy(batch)
             if chosen is None:
                 self._plain_step(running)
+                emitted = batch
             else:
                 spec_steps.append(self._speculative_step(running, chosen, steps))
+                emitted = spec_steps[-1].emitted
+            if observe is not None:
+                observe(batch, chosen, emitted, time.perf_counter() - step_start)
             self._retire(running, finished, clock)
             steps += 1
             trace_time.append(clock())
@@ -345,6 +379,7 @@ class RolloutEngine:
         tokens, logprobs = _sample_roots(out.logits[last_index], prompts[last_index],
                                          **self.rows.sampling(rows))
         if self._drafting:  # pairs (f_t, x_{t+1}): the prompt shifted by one, then the new token
+            # (prompts go to the drafter at once: one batched pass, not worth a backlog)
             following = torch.cat((prompts[:, 1:], prompts[:, :1]), dim=1)
             following[last_index] = tokens
             self._drafter_extend(first_row, following, out.hidden_states, prompt_lens)
@@ -373,24 +408,29 @@ class RolloutEngine:
         view.commit(ones)
         tokens, logprobs = _sample_roots(logits, roots, **self.rows.sampling(slice(0, batch)))
         if self._drafting:
-            self._drafter_extend(0, tokens[:, None], out.hidden_states, ones)
+            self._drafter_follow(tokens[:, None], out.hidden_states, ones, 1, batch)
         self.rows.last[:batch] = tokens
         self.rows.offset[:batch] += 1
         for sample, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
             self._append(sample, [token], [logprob])
 
-    def _speculative_step(self, running: list[_Sample], strategy: Strategy,
+    def _speculative_step(self, running: list[_Sample], strategy: DraftPlan,
                           step: int) -> SpecStepStats:
         """Draft a tree per row, verify it in one target pass, keep the accepted path and the
         corrected / bonus token, and bring both caches and the drafter's state up to date."""
         batch, N = len(running), strategy.num_verify_tokens
-        view, draft_view = self.cache.rows(0, batch), self.draft_cache.rows(0, batch)
+        view = self.cache.rows(0, batch)
         roots = self.rows.last[:batch]
         t0 = time.perf_counter()
-        tree = draft_tree(self.drafter, draft_view, roots, self.rows.draft_hidden[:batch],
-                          strategy)
+        model_free = isinstance(strategy, ModelFree)
+        if model_free:
+            tree = self._model_free_tree(running, strategy)
+        else:
+            self._backlog_flush(batch)  # the drafter needs every committed pair
+            tree = draft_tree(self.drafter, self.draft_cache.rows(0, batch), roots,
+                              self.rows.draft_hidden[:batch], strategy)
         t1 = time.perf_counter()
-        if strategy.topk == 1:  # a chain: node i sits at depth i and sees nodes 0..i (causal)
+        if model_free or strategy.topk == 1:  # a chain: node i sees nodes 0..i (causal)
             positions = view.lengths[:, None] + torch.arange(N, device=self.device)
             tree_mask = None
         else:
@@ -411,7 +451,11 @@ class RolloutEngine:
         path_hidden = [h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
                        for h in out.hidden_states]
         emitted = verdict.emitted_tokens[:, :width]
-        self._drafter_extend(0, emitted.clamp(min=0), path_hidden, counts)
+        if model_free:  # the drafter may not draft next: it can follow lazily
+            if self._drafting:
+                self._drafter_follow(emitted.clamp(min=0), path_hidden, counts, width, batch)
+        else:  # it drafts next step, most likely: follow now
+            self._drafter_extend(0, emitted.clamp(min=0), path_hidden, counts)
         self.rows.last[:batch] = emitted.gather(1, (counts - 1)[:, None])[:, 0]
         self.rows.offset[:batch] += counts
         kept = [self._append(sample, tokens[:n], logprobs[:n]) for sample, n, tokens, logprobs
@@ -436,8 +480,73 @@ class RolloutEngine:
         features = self.drafter.features(target_hidden[:len(self.drafter.config.feature_layers)])
         hidden = self.drafter(following, features, positions, view)  # (B, T, H)
         view.commit(counts)
-        last = torch.arange(batch, device=self.device), counts - 1
-        self.rows.draft_hidden[first_row:first_row + batch] = hidden[last]
+        last = torch.arange(batch, device=self.device), (counts - 1).clamp(min=0)
+        rows = slice(first_row, first_row + batch)
+        self.rows.draft_hidden[rows] = torch.where((counts > 0)[:, None], hidden[last],
+                                                   self.rows.draft_hidden[rows])
+
+    def _drafter_follow(self, following: torch.Tensor, target_hidden: Sequence[torch.Tensor],
+                        counts: torch.Tensor, width: int, batch: int) -> None:
+        """Pairs committed without the drafter (rows [0, batch), as _drafter_extend): extended
+        now ("eager") or queued in the backlog ("lazy")."""
+        if self.config.drafter_sync == "eager":
+            self._drafter_extend(0, following, target_hidden, counts)
+            return
+        if self._backlog_width + width > self.config.draft_backlog:
+            # the bound also counts rows that have since finished: tighten it (a host sync,
+            # once per draft_backlog positions at most), and flush only if really full
+            self._backlog_width = int(self._backlog_len[:batch].max())
+            if self._backlog_width + width > self.config.draft_backlog:
+                self._backlog_flush(batch)
+        features = torch.stack(tuple(target_hidden[:len(self.drafter.config.feature_layers)]),
+                               dim=2)  # (B, W, F, H)
+        if self._backlog_tokens is None:
+            rows, cap = self.config.max_batch, self.config.draft_backlog
+            self._backlog_tokens = torch.zeros(rows, cap, dtype=torch.int64, device=self.device)
+            self._backlog_features = features.new_zeros((rows, cap) + features.shape[2:])
+        # row b's W columns go after its backlog; columns past counts[b] are padding that the
+        # row's next pairs overwrite, and _backlog_len never counts
+        columns = (self._backlog_len[:batch, None]
+                   + torch.arange(width, device=self.device)).clamp(max=self.config.draft_backlog - 1)
+        rows = torch.arange(batch, device=self.device)[:, None].expand(batch, width)
+        self._backlog_tokens[rows, columns] = following
+        self._backlog_features[rows, columns] = features
+        self._backlog_len[:batch] += counts
+        self._backlog_width += width
+
+    def _backlog_flush(self, batch: int) -> None:
+        """The drafter catches up on the backlog of rows [0, batch) in one pass."""
+        if self._backlog_width == 0:
+            return
+        width = int(self._backlog_len[:batch].max())  # the bound may count finished rows
+        if width == 0:
+            self._backlog_width = 0
+            return
+        features = self._backlog_features[:batch, :width]
+        self._drafter_extend(0, self._backlog_tokens[:batch, :width], features.unbind(dim=2),
+                             self._backlog_len[:batch])
+        self._backlog_len.zero_()
+        self._backlog_width = 0
+
+    def _model_free_tree(self, running: list[_Sample], plan: ModelFree) -> ops.DraftTree:
+        """Chains copied from sibling / earlier responses (SuffixDrafts); a row without a match
+        gets its root alone."""
+        batch, N = len(running), plan.num_verify_tokens
+        tokens = torch.zeros(batch, N, dtype=torch.int64)
+        num_nodes = torch.ones(batch, dtype=torch.int32)
+        for row, sample in enumerate(running):
+            proposal = self.model_free.propose(id(sample), plan.depth)
+            if proposal:
+                tokens[row, 1:1 + len(proposal)] = torch.tensor(proposal)
+                num_nodes[row] = 1 + len(proposal)
+        parents = torch.arange(-1, N - 1, dtype=torch.int32).expand(batch, N).clone()
+        parents[torch.arange(N)[None] >= num_nodes[:, None]] = -1  # padding nodes
+        device = self.device
+        tokens = tokens.to(device)
+        tokens[:, 0] = self.rows.last[:batch]
+        return ops.DraftTree(tokens, parents.to(device),
+                             torch.where(parents >= 0, parents, -1).to(device),
+                             num_nodes.to(device))
 
     def _retire(self, running: list[_Sample], finished: list[Rollout], clock) -> None:
         # Back to front, so moving the last running row into a freed one never skips a row.
@@ -447,29 +556,33 @@ class RolloutEngine:
 
     # ---- helpers -----------------------------------------------------------------------------
 
-    def _policy(self, strategy: StrategyPolicy) -> Callable[[int], Strategy | None] | None:
+    def _policy(self, strategy: StrategyPolicy) -> Callable[[int], DraftPlan | None] | None:
         if strategy is None:
             return None
-        if self.drafter is None:
-            raise ValueError("strategy: speculative decoding needs a drafter; build the engine "
-                             "with RolloutEngine(model, config, drafter)")
         reserve = self.config.spec_reserve
 
-        def checked(chosen: Strategy | None) -> Strategy | None:
-            if chosen is not None:
-                if not isinstance(chosen, Strategy):
-                    raise TypeError(f"strategy: expected a Strategy or None, got {chosen!r}")
-                if max(chosen.num_verify_tokens, chosen.fed_nodes) > reserve:
-                    raise ValueError(f"strategy: {chosen} needs {max(chosen.num_verify_tokens, chosen.fed_nodes)} "
-                                     f"cache slots past max_len; EngineConfig.spec_reserve is {reserve}")
+        def checked(chosen: DraftPlan | None) -> DraftPlan | None:
+            if chosen is None:
+                return None
+            if not isinstance(chosen, (Strategy, ModelFree)):
+                raise TypeError(f"strategy: expected a Strategy, ModelFree or None, got {chosen!r}")
+            if isinstance(chosen, Strategy) and self.drafter is None:
+                raise ValueError("strategy: speculative decoding with a learned drafter needs "
+                                 "one; build the engine with RolloutEngine(model, config, "
+                                 "drafter), or use ModelFree drafts")
+            need = max(chosen.num_verify_tokens, chosen.fed_nodes)
+            if need > reserve:
+                raise ValueError(f"strategy: {chosen} needs {need} cache slots past max_len; "
+                                 f"EngineConfig.spec_reserve is {reserve}")
             return chosen
 
-        if isinstance(strategy, Strategy):
+        if isinstance(strategy, (Strategy, ModelFree)):
             checked(strategy)
             return lambda batch: strategy
         if callable(strategy):
             return lambda batch: checked(strategy(batch))
-        raise TypeError(f"strategy: expected None, a Strategy or a callable, got {strategy!r}")
+        raise TypeError(f"strategy: expected None, a Strategy, ModelFree or a callable, got "
+                        f"{strategy!r}")
 
     def _target_layers(self) -> tuple[int, ...]:
         """The target layers each pass returns: the drafter's feature layers while drafting or
@@ -516,8 +629,10 @@ class RolloutEngine:
                 seed = (sample_seed(request.params.seed, 0, sample_index)
                         if request.params.seed is not None
                         else sample_seed(self.config.seed, request_index, sample_index))
-                samples.append(_Sample(request_index, sample_index, request.prompt_ids,
-                                       request.params, seed))
+                sample = _Sample(request_index, sample_index, request.prompt_ids,
+                                 request.params, seed)
+                self.model_free.track(id(sample), sample.prompt_ids, sample.tokens)
+                samples.append(sample)
         return samples
 
     @staticmethod
@@ -547,10 +662,15 @@ class RolloutEngine:
             self.cache.move_row(last, row)
             if self._drafting:
                 self.draft_cache.move_row(last, row)
+                if self._backlog_tokens is not None:
+                    self._backlog_tokens[row] = self._backlog_tokens[last]
+                    self._backlog_features[row] = self._backlog_features[last]
+            self._backlog_len[row] = self._backlog_len[last]
             self.rows.move(last, row)
             running[row] = running[last]
         running.pop()
         self.cache.lengths[last] = 0
+        self._backlog_len[last] = 0
         if self._drafting:
             self.draft_cache.lengths[last] = 0
         finished.append(rollout)
