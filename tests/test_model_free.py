@@ -2,7 +2,6 @@
 outputs with model-free drafts: test_speculative's distribution test.)"""
 
 import pytest
-import torch
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
