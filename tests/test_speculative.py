@@ -12,7 +12,10 @@ from tlt_core.drafter import Drafter, DrafterConfig
 from tlt_core.drafter_training import collect_records, eagle_loss, make_batch
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.ops import reference
+from tlt_core.adaptive import AdaptivePolicy
+from tlt_core.bandit import StrategyBandit
 from tlt_core.model_free import ModelFree
+from tlt_core.sd_switch import SDSwitch
 from tlt_core.speculative import Strategy, draft_tree
 
 from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
@@ -145,7 +148,9 @@ def test_sampled_speculative_matches_the_target_distribution(temperature, top_p)
     params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=CONTINUATION,
                             n=SAMPLES, seed=11)
     engine = RolloutEngine(target, EngineConfig(max_batch=512, max_len=8), drafter)
-    for strategy in (None, Strategy(3, 2, 5), Strategy(3, 1, 4), ModelFree(2)):
+    plans = (Strategy(3, 2, 5), Strategy(3, 1, 4), ModelFree(2))
+    switching = AdaptivePolicy(plans, SDSwitch(on_at=512), StrategyBandit(plans, epsilon=1.0))
+    for strategy in (None,) + plans + (switching,):
         result = engine.generate([Request(prompt, params)], strategy=strategy)
         codes = torch.stack([r.tokens for r in result.rollouts])  # (SAMPLES, 3)
         cell = (codes * torch.tensor([SAMPLED_VOCAB ** 2, SAMPLED_VOCAB, 1])).sum(1)

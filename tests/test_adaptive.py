@@ -1,0 +1,108 @@
+"""The adaptive rollout loop: SD switch hysteresis, calibrated cost model, bandit-driven plans,
+outputs unchanged, state through a checkpoint."""
+
+import pytest
+import torch
+
+from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
+from tlt_core.adaptive import AdaptivePolicy
+from tlt_core.bandit import StrategyBandit
+from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.model_free import ModelFree
+from tlt_core.sd_switch import SDSwitch
+from tlt_core.speculative import Strategy
+
+PLANS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(3, 2, 6), ModelFree(6))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return train_drafter(target)
+
+
+def test_switch_does_not_flap_on_an_oscillating_batch():
+    switch = SDSwitch(on_at=16)
+    assert switch.off_above == 32
+    states = [switch.update(b) for b in (40, 20, 17, 16, 17, 15, 18, 16, 30, 17, 32, 20)]
+    assert states == [False, False, False] + [True] * 9
+    assert switch.transitions == 1
+    states = [switch.update(b) for b in (33, 31, 33, 30, 20, 17, 16)]
+    assert states == [False] * 6 + [True]  # off above 32; back on only at <= 16
+    assert switch.transitions == 3
+    never = SDSwitch(on_at=0)
+    assert not any(never.update(b) for b in (1, 2, 1))
+    with pytest.raises(ValueError, match="off_above"):
+        SDSwitch(on_at=8, off_above=4)
+    with pytest.raises(ValueError, match="batch"):
+        switch.update(0)
+
+
+def _requests(n=6, temperature=0.0):
+    """n samples of 4 prompts, of ragged lengths (6 to 36 tokens), so the batch drains."""
+    return [Request(p, SamplingParams(temperature=temperature, max_tokens=6 + 5 * ((i + k) % 7)))
+            for i, p in enumerate(PROMPTS[:4]) for k in range(n)]
+
+
+def test_greedy_outputs_identical_with_the_adaptive_loop_on_and_off(target, drafter):
+    """Continuous batching (32 samples through 8 rows) turns SD on in the drain; an exploring
+    bandit changes the plan from step to step, mid-sequence; a switch that is on at every batch
+    size runs every plan on full batches too."""
+    requests = _requests(8)
+    engine = RolloutEngine(target, EngineConfig(max_batch=8, max_len=64), drafter)
+    plain = [r.tokens.tolist() for r in engine.generate(requests).rollouts]
+    for switch in (SDSwitch(on_at=6, off_above=7), SDSwitch(on_at=8)):
+        policy = AdaptivePolicy(PLANS, switch, StrategyBandit(PLANS, epsilon=1.0, seed=3))
+        result = engine.generate(requests, policy)
+        assert [r.tokens.tolist() for r in result.rollouts] == plain
+        assert policy.stats.spec_steps == len(result.spec_steps) > 0
+        assert switch.transitions == 1  # on once; never back off while draining
+    assert policy.stats.plain_steps == 0
+    assert {s.strategy for s in result.spec_steps} == {str(p) for p in PLANS}
+
+
+def test_calibration_seeds_the_switch_and_the_bandit(target, drafter):
+    engine = RolloutEngine(target, EngineConfig(max_batch=8, max_len=64), drafter)
+    calibration = [Request(p, SamplingParams(temperature=1.0, max_tokens=16)) for p in PROMPTS[:2]]
+    policy = AdaptivePolicy.from_calibration(engine, PLANS, calibration, bucket_edges=(1, 2, 4, 8))
+    model = policy.cost_model
+    assert model.batches == [1, 4, 8]  # every other edge and the largest
+    assert policy.switch.on_at == model.threshold(PLANS)
+    for batch in (1, 2, 4, 8):
+        for arm, plan in enumerate(PLANS):  # priors, before any reward
+            assert policy.bandit.estimate(batch, arm) == pytest.approx(model.rate(batch, plan))
+    # interpolation in log2(batch) between calibrated sizes
+    assert model.rate(2, None) == pytest.approx((model.rate(1, None) + model.rate(4, None)) / 2)
+    assert all(rate > 0 for rate in model.rates.values())
+    # calibration left the engine's model-free history alone and the engine usable
+    assert engine.generate(_requests(1)).rollouts
+    with pytest.raises(ValueError, match="calibration_requests"):
+        AdaptivePolicy.from_calibration(engine, PLANS, [])
+
+
+def test_policy_state_round_trips_through_a_checkpoint(target, drafter, tmp_path):
+    engine = RolloutEngine(target, EngineConfig(max_batch=8, max_len=64), drafter)
+    make = lambda: AdaptivePolicy(PLANS, SDSwitch(on_at=8), StrategyBandit(PLANS, seed=1))  # noqa: E731
+    policy = make()
+    engine.generate(_requests(2, temperature=1.0), policy)
+    torch.save(policy.state_dict(), tmp_path / "policy.pt")
+    resumed = make()
+    resumed.load_state_dict(torch.load(tmp_path / "policy.pt", weights_only=False))
+    assert resumed.switch.state_dict() == policy.switch.state_dict()
+    picks = [[p.bandit.select(b) for b in (1, 3, 8, 2, 5)] for p in (policy, resumed)]
+    assert picks[0] == picks[1]
+    for arm in range(len(PLANS)):  # nan (never tried, no prior) compares as a string
+        assert repr(resumed.bandit.estimate(3, arm)) == repr(policy.bandit.estimate(3, arm))
+
+
+def test_a_drafterless_engine_adapts_over_model_free_plans_only(target):
+    engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=64))
+    calibration = [Request(PROMPTS[0], SamplingParams(temperature=1.0, max_tokens=12))]
+    policy = AdaptivePolicy.from_calibration(engine, PLANS, calibration, bucket_edges=(1, 4))
+    assert policy.plans == (ModelFree(6),)
+    with pytest.raises(ValueError, match="drafter"):
+        engine.generate(_requests(1), Strategy(2, 1, 3))
