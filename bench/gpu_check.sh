@@ -36,7 +36,7 @@ PY
 "$PYTHON" bench/record_nvml_trace.py "$OUT_DIR/nvml_trace_h200.json" 2>&1 | tail -2 || true
 export TLT_NVML_TRACE="$OUT_DIR/nvml_trace_h200.json"
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_arrays_and_random.py \
-  tests/test_gpu_engine.py tests/test_idle.py \
+  tests/test_gpu_engine.py tests/test_idle.py tests/test_graph_pool.py \
   --junitxml="$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log" || true
 [ "${TLT_GPU_KERNEL_BENCH:-1}" = 1 ] || exit 0  # 0: tests and trace only
 "$PYTHON" -m tlt_core.cli bench kernels --device cuda --baseline cpu_fused --no-progress \

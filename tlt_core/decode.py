@@ -120,10 +120,14 @@ class PackedLayers:
         return self.packed
 
 
-def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None) -> AttentionPlan:
+def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None,
+             static: bool = False) -> AttentionPlan:
     """attention_plan, short-cut when every row has the same length (a batch of one always
-    does): one token per row needs no mask at all, several a causal mask shared by the rows."""
+    does): one token per row needs no mask at all, several a causal mask shared by the rows.
+    static: attention_plan's fixed-shape plan, with no short cut (they need a host sync)."""
     B, T = input_ids.shape
+    if static:
+        return attention_plan((B, T), cache, tree_mask, input_ids.device, static=True)
     if tree_mask is not None:
         return attention_plan((B, T), cache, tree_mask, input_ids.device)
     lengths = cache.lengths
@@ -204,14 +208,14 @@ class PackedDecoder:
         self.layers = PackedLayers(lambda: model.model.layers, model.config)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
-                 tree_mask: torch.Tensor | None, hidden_layers: list[int]
+                 tree_mask: torch.Tensor | None, hidden_layers: list[int], static: bool = False
                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Transformer.forward with a cache, for inference: input_ids, positions (B, T) int64;
         returns logits (B, T, V) float32 and the (B, T, H) outputs of `hidden_layers`
         (non-negative indices). Inputs are checked by the Transformer."""
         model, stack = self.model, self.model.model
         B, T = input_ids.shape
-        plan = plan_for(input_ids, cache, tree_mask)
+        plan = plan_for(input_ids, cache, tree_mask, static)
         h = F.embedding(input_ids.reshape(B * T), stack.embed_tokens.weight)  # (B T, H)
         cache_layers = [cache.data[i] for i in range(model.config.num_layers)]
         h, saved = run_layers(self.layers, h, positions, stack.rotary_emb, cache_layers, plan,

@@ -357,15 +357,16 @@ class Transformer(nn.Module):
         return ModelOutput(logits, tuple(saved[index] for index in wanted))
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
-             tree_mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = ()
-             ) -> ModelOutput:
+             tree_mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = (),
+             static: bool = False) -> ModelOutput:
         """forward() with a cache, for inference (no autograd through the weights): the same
         contract and results (tests hold it to forward), in the fewest ops per layer
         (tlt_core.decode), since a small model's inference is bound by per-op overhead.
-        Prefill, decoding and tree verification all go through here."""
+        Prefill, decoding and tree verification all go through here. static: fixed shapes,
+        no host sync, no room check (the caller's): capturable in a CUDA graph."""
         self._check_inputs(input_ids, positions, cache, tree_mask)
         wanted = [self._layer_index(i) for i in hidden_layers]
-        logits, hidden = self._decoder(input_ids, positions, cache, tree_mask, wanted)
+        logits, hidden = self._decoder(input_ids, positions, cache, tree_mask, wanted, static)
         return ModelOutput(logits, hidden)
 
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
