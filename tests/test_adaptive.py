@@ -106,3 +106,15 @@ def test_a_drafterless_engine_adapts_over_model_free_plans_only(target):
     assert policy.plans == (ModelFree(6),)
     with pytest.raises(ValueError, match="drafter"):
         engine.generate(_requests(1), Strategy(2, 1, 3))
+
+
+def test_rollout_benchmark_workloads_are_long_tailed_and_equal():
+    from tlt_core.bench.rollout import _tail_s, workloads
+    from tlt_core.engine import RolloutResult
+
+    loads = workloads()
+    assert {k: len(v) for k, v in loads.items()} == {"long_tail": 64, "no_tail": 64}
+    prompts = {name: list(dict.fromkeys(r.prompt_ids for r in reqs)) for name, reqs in loads.items()}
+    assert len(prompts["long_tail"]) == len(prompts["no_tail"]) == 8
+    result = RolloutResult([], torch.tensor([1.0, 2.0, 4.0]), torch.tensor([64, 8, 4]), 4.0, 3)
+    assert _tail_s(result, threshold=8) == 3.0  # the steps at batch 8 and 4: 1 s + 2 s

@@ -6,6 +6,7 @@
   tlt bench speculative
                       speculative rollout vs plain decoding, per batch size and strategy
   tlt bench drafter   spot-trained vs frozen drafter on an evolving target, 2 ranks
+  tlt bench rollout   the adaptive rollout loop vs SD off / always on, long tail and no tail
   tlt demo            one speculative verification step on a toy tree, explained
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
 """
@@ -121,6 +122,21 @@ def build_parser() -> argparse.ArgumentParser:
     drafter.add_argument("--steps-per-round", type=int, default=25,
                          help="target fine-tuning steps between rounds (the drift)")
 
+    rollout = bench_kinds.add_parser(
+        "rollout", help="adaptive loop vs SD off / always on, long-tail and no-tail rollouts",
+        description="A 64-request rollout of the embedded task (T=1, 8 prompts x 8 samples), "
+                    "long-tailed and with equal lengths, in four modes side by side: SD off; SD "
+                    "always on with the best fixed strategy; the adaptive loop (SD switch + "
+                    "per-bucket bandit, calibrated at start); and the adaptive loop with "
+                    "model-free drafts from sibling and previous-round responses. Reports "
+                    "makespan, tokens/s, tail time, acceptance and speedup vs SD off.")
+    rollout.add_argument("--json", type=Path, metavar="FILE", help="write rows and studies here")
+    rollout.add_argument("--plot", type=Path, metavar="PNG",
+                         help="plot the running batch over time per mode here")
+    rollout.add_argument("--rounds", type=int, default=3,
+                         help="measured rounds per mode (medians), after one warm-up round")
+    rollout.add_argument("--no-progress", action="store_true", help="no progress bars")
+
     commands.add_parser("demo", help="one verification step on a toy tree, explained")
 
     task = commands.add_parser("task", help="the embedded task")
@@ -199,6 +215,27 @@ def run_bench_speculative(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench_rollout(args: argparse.Namespace) -> int:
+    from tlt_core.bench import rollout as bench_rollout
+    from tlt_core.drafter_training import load_or_warm_up_drafter
+    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
+    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
+
+    target, _ = load_or_train()
+    drafter, _ = load_or_warm_up_drafter(target.eval(), cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG),
+                                         progress=not args.no_progress)
+    result = bench_rollout.run(target, drafter, rounds=args.rounds, progress=not args.no_progress)
+    print(bench_rollout.format_table(result))
+    if args.plot is not None:
+        bench_rollout.plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def run_bench_drafter(args: argparse.Namespace) -> int:
     from tlt_core.bench import drafter as bench_drafter
     from tlt_core.drafter_training import (DrafterWarmupConfig, drafter_folder,
@@ -254,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_speculative(args)
     if args.command == "bench" and args.bench == "drafter":
         return run_bench_drafter(args)
+    if args.command == "bench" and args.bench == "rollout":
+        return run_bench_rollout(args)
     if args.command == "demo":
         return run_demo(args)
     if args.command == "task" and args.task == "lengths":

@@ -1,0 +1,218 @@
+"""`tlt bench rollout`: the adaptive rollout loop against SD off and SD always on, side by side.
+
+Workloads (64 requests, T = 1, each response ending at <eos>, as GRPO rolls out):
+- long_tail: 8 prompts x 8 samples, the prompts at the 1/16, 3/16, ..., 15/16 quantiles of the
+  embedded task's step counts (1 to 19 countdown steps: 14 to 140 tokens), so the rollout ends
+  in the tail of the hardest prompt's 8 samples;
+- no_tail: 8 prompts x 8 samples, every prompt at the median step count: equal lengths.
+Modes, each on its own engine over the same model and drafter:
+- off: plain decoding;
+- always: SD on every step with the best fixed strategy, picked by one rollout of each
+  candidate on the workload (the candidates are the adaptive loop's learned-drafter plans);
+- adaptive: `AdaptivePolicy.from_calibration` over those plans (switch + bandit);
+- adaptive_model_free: the same plus model-free plans (drafts from sibling responses and from
+  the previous round's responses to the same prompts).
+One unmeasured round warms every mode up (allocations, the bandit's first rewards, model-free
+history); then `rounds` measured rounds run the modes interleaved, the policies keeping their
+state from round to round as they would from one RL step to the next. Numbers are medians over
+the rounds. `tail_s` is the time with the running batch at or below the adaptive switch's
+calibrated threshold; `ideal_makespan_s` is the generated tokens over plain decoding's
+throughput at the full batch (from the calibration). The drafter-sync study times the adaptive
+mode with the drafter following every SD-off step ("eager") and with the batched backlog
+("lazy", the default); the graph-pool study (CUDA only) captures decode and verify graphs for
+every (bucket, plan) in one shared pool and in private pools, one graph per strategy.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+import torch
+
+from tlt_core.adaptive import DEFAULT_PLANS, AdaptivePolicy
+from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.model_free import ModelFree
+from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
+
+MODES = ("off", "always", "adaptive", "adaptive_model_free")
+MODEL_FREE_PLANS = (ModelFree(8), ModelFree(16))
+
+
+def workloads(samples: int = 8, prompts: int = 8, seed: int = 5) -> dict[str, list[Request]]:
+    tokenizer = CharTokenizer()
+    problems = sorted(generate_problems(TaskConfig(seed=seed, num_problems=4096)),
+                      key=lambda p: p.num_steps)
+    quantiles = [problems[(2 * i + 1) * len(problems) // (2 * prompts)] for i in range(prompts)]
+    median = problems[len(problems) // 2].num_steps
+    equal = [p for p in problems if p.num_steps == median][:prompts]
+    params = SamplingParams(temperature=1.0, max_tokens=7 * 63 + 16, stop_ids=(tokenizer.eos_id,))
+    return {name: [Request(tokenizer.prompt_ids(p.prompt), params)
+                   for p in chosen for _ in range(samples)]
+            for name, chosen in (("long_tail", quantiles), ("no_tail", equal))}
+
+
+def calibration_requests(count: int = 4, seed: int = 77) -> list[Request]:
+    tokenizer = CharTokenizer()
+    params = SamplingParams(temperature=1.0, max_tokens=16, stop_ids=(tokenizer.eos_id,))
+    return [Request(tokenizer.prompt_ids(p.prompt), params)
+            for p in generate_problems(TaskConfig(seed=seed, num_problems=count))]
+
+
+def _tail_s(result, threshold: int) -> float:
+    times = [0.0] + result.trace_time_s.tolist()
+    return sum(end - start for start, end, batch in
+               zip(times, times[1:], result.trace_running.tolist()) if batch <= threshold)
+
+
+def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
+        progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    config = EngineConfig(max_batch=max_batch, max_len=7 * 63 + 16 + 16, seed=seed)
+    calibration = calibration_requests()
+    rows, studies = [], {}
+    for workload, requests in workloads().items():
+        engines = {mode: RolloutEngine(target, config, drafter) for mode in MODES}
+        policies = {"off": None}
+        policies["adaptive"] = AdaptivePolicy.from_calibration(
+            engines["adaptive"], DEFAULT_PLANS, calibration, seed=seed)
+        policies["adaptive_model_free"] = AdaptivePolicy.from_calibration(
+            engines["adaptive_model_free"], DEFAULT_PLANS + MODEL_FREE_PLANS, calibration,
+            seed=seed)
+        model = policies["adaptive"].cost_model
+        threshold = policies["adaptive"].switch.on_at
+        sweep = {plan: engines["always"].generate(requests, plan).total_s for plan in DEFAULT_PLANS}
+        policies["always"] = min(sweep, key=sweep.get)
+        results = {mode: [] for mode in MODES}
+        bar = tqdm(total=(rounds + 1) * len(MODES), disable=not progress, unit="rollout",
+                   desc=f"rollout {workload}")
+        for round_index in range(rounds + 1):
+            for mode in MODES:
+                result = engines[mode].generate(requests, policies[mode])
+                if round_index > 0:  # round 0 warms up
+                    results[mode].append(result)
+                bar.update()
+        bar.close()
+        makespan = {m: statistics.median(r.total_s for r in results[m]) for m in MODES}
+        saturated = model.rate(max_batch, None)
+        for mode in MODES:
+            runs = results[mode]
+            tokens = statistics.median(sum(len(x.tokens) for x in r.rollouts) for r in runs)
+            acceptance = [r.acceptance_length for r in runs if r.acceptance_length is not None]
+            rows.append({
+                "workload": workload, "mode": mode, "makespan_s": makespan[mode],
+                "tok_s": tokens / makespan[mode],
+                "tail_s": statistics.median(_tail_s(r, threshold) for r in runs),
+                "acceptance_length": statistics.mean(acceptance) if acceptance else None,
+                "speedup_vs_off": makespan["off"] / makespan[mode],
+                "tokens": tokens, "ideal_makespan_s": tokens / saturated,
+                "strategy": (str(policies[mode]) if mode == "always" else None),
+                "sd_on_share": (policies[mode].stats.sd_on_share
+                                if isinstance(policies[mode], AdaptivePolicy) else None)})
+        studies[workload] = {
+            "threshold": threshold, "calibration_s": model.calibration_s,
+            "traces": {m: {"time_s": results[m][-1].trace_time_s.tolist(),
+                           "running": results[m][-1].trace_running.tolist()} for m in MODES},
+            "always_sweep_s": {str(p): s for p, s in sweep.items()},
+            "cost_model_tok_s": {f"{b}/{k}": v for (b, k), v in model.rates.items()}}
+    studies["drafter_sync"] = drafter_sync_study(target, drafter, config, workloads()["long_tail"],
+                                                 calibration, rounds, seed)
+    studies["graph_pool"] = graph_pool_study(target, DEFAULT_PLANS + MODEL_FREE_PLANS, max_batch)
+    return {"rows": rows, "studies": studies}
+
+
+def drafter_sync_study(target, drafter, config, requests, calibration, rounds, seed) -> dict:
+    """The adaptive mode's makespan with the drafter following SD-off steps eagerly or lazily."""
+    out = {}
+    engines = {sync: RolloutEngine(target, replace(config, drafter_sync=sync), drafter)
+               for sync in ("eager", "lazy")}
+    policies = {sync: AdaptivePolicy.from_calibration(engines[sync], DEFAULT_PLANS, calibration,
+                                                      seed=seed) for sync in engines}
+    times = {sync: [] for sync in engines}
+    for _ in range(rounds + 1):
+        for sync in engines:
+            times[sync].append(engines[sync].generate(requests, policies[sync]).total_s)
+    for sync in engines:
+        out[f"{sync}_makespan_s"] = statistics.median(times[sync][1:])
+    out["lazy_speedup"] = out["eager_makespan_s"] / out["lazy_makespan_s"]
+    return out
+
+
+@torch.inference_mode()
+def graph_pool_study(target, plans, max_batch: int) -> dict:
+    """CUDA only: decode + verify graphs for every bucket edge and plan, captured in one shared
+    pool keyed by verify size, against one private-pool graph per (bucket, strategy)."""
+    if not torch.cuda.is_available() or next(target.parameters()).device.type != "cuda":
+        return {"available": False, "why": "needs the target on a CUDA device"}
+    from tlt_core.graph_pool import GraphPool
+    from tlt_core.kv_cache import CacheShape, KVCache
+
+    device = next(target.parameters()).device
+    c = target.config
+    edges = [e for e in (1, 2, 4, 8, 16, 32, 64) if e <= max_batch]
+    shared, naive = GraphPool(device), GraphPool(device, share_pool=False)
+    for edge in edges:
+        cache = KVCache(CacheShape(c.num_layers, edge, c.num_kv_heads, 512, c.head_dim),
+                        dtype=next(target.parameters()).dtype, device=device)
+
+        def step(ids, positions, cache=cache):
+            return target.step(ids, positions, cache, static=True).logits
+
+        for name, tokens in [("decode", 1)] + [(str(p), p.num_verify_tokens) for p in plans]:
+            ids = torch.zeros(edge, tokens, dtype=torch.int64, device=device)
+            positions = torch.arange(tokens, device=device).expand(edge, tokens).contiguous()
+            shared.run((edge, tokens), step, ids, positions)
+            naive.run((edge, name), step, ids, positions)
+    return {"available": True, "shared_pool_bytes": shared.reserved_bytes,
+            "naive_bytes": naive.reserved_bytes,
+            "graphs_shared": len(shared.capture_bytes), "graphs_naive": len(naive.capture_bytes)}
+
+
+def plot(result: dict, path) -> None:
+    """Running batch over time, per mode, for each workload (the last measured round)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+
+    workloads_ = [w for w in ("long_tail", "no_tail") if w in result["studies"]]
+    fig, axes = plt.subplots(1, len(workloads_), figsize=(6 * len(workloads_), 4), squeeze=False)
+    for ax, workload in zip(axes[0], workloads_):
+        study = result["studies"][workload]
+        for mode, trace in study["traces"].items():
+            ax.step(trace["time_s"], trace["running"], where="pre", label=mode)
+        ax.axhline(study["threshold"], color="gray", linestyle="--", linewidth=1,
+                   label="SD threshold")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("running batch")
+        ax.set_title(f"{workload}: 64 requests, T=1")
+        ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'workload':<10}{'mode':<21}{'makespan':>9}{'tok/s':>8}{'tail_s':>8}"
+             f"{'accept':>8}{'vs off':>8}"]
+    for r in result["rows"]:
+        acc = "-" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
+        lines.append(f"{r['workload']:<10}{r['mode']:<21}{r['makespan_s']:>9.3f}"
+                     f"{r['tok_s']:>8.0f}{r['tail_s']:>8.3f}{acc:>8}"
+                     f"{r['speedup_vs_off']:>7.2f}x")
+    for workload in ("long_tail", "no_tail"):
+        s = result["studies"][workload]
+        lines.append(f"{workload}: SD threshold {s['threshold']} (calibrated in "
+                     f"{s['calibration_s']:.1f} s), ideal makespan "
+                     f"{next(r['ideal_makespan_s'] for r in result['rows'] if r['workload'] == workload):.3f} s")
+    sync = result["studies"]["drafter_sync"]
+    lines.append(f"drafter sync (long_tail, adaptive): eager {sync['eager_makespan_s']:.3f} s, "
+                 f"lazy {sync['lazy_makespan_s']:.3f} s ({sync['lazy_speedup']:.2f}x)")
+    pool = result["studies"]["graph_pool"]
+    lines.append("graph pool: " + (f"{pool['shared_pool_bytes'] / 2**20:.1f} MiB shared vs "
+                                   f"{pool['naive_bytes'] / 2**20:.1f} MiB naive"
+                                   if pool["available"] else pool["why"]))
+    return "\n".join(lines)
