@@ -7,6 +7,7 @@
                       speculative rollout vs plain decoding, per batch size and strategy
   tlt bench drafter   spot-trained vs frozen drafter on an evolving target, 2 ranks
   tlt bench rollout   the adaptive rollout loop vs SD off / always on, long tail and no tail
+  tlt train           GRPO with TLT on the embedded task (the main job); --compare, --model
   tlt demo            one speculative verification step on a toy tree, explained
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
 """
@@ -136,6 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--rounds", type=int, default=3,
                          help="measured rounds per mode (medians), after one warm-up round")
     rollout.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    from tlt_core.train_cli import add_arguments as add_train_arguments
+
+    train = commands.add_parser(
+        "train", help="GRPO with TLT (the main job): the embedded task by default",
+        description="GRPO on the embedded task and model with TLT on (adaptive speculative "
+                    "rollout, spot-trained drafter) when run with no arguments: a few minutes "
+                    "on 2 cores. --compare adds the SD-off baseline with the same seeds and "
+                    "prints the end-to-end speedup. --model PATH --data FILE trains a local "
+                    "Hugging Face checkpoint on a prompt file. Multi-process: torchrun "
+                    "--nproc-per-node N -m tlt_core.cli train (gloo on CPU, NCCL on GPU).")
+    add_train_arguments(train)
 
     commands.add_parser("demo", help="one verification step on a toy tree, explained")
 
@@ -293,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_drafter(args)
     if args.command == "bench" and args.bench == "rollout":
         return run_bench_rollout(args)
+    if args.command == "train":
+        from tlt_core.train_cli import run_train
+
+        return run_train(args)
     if args.command == "demo":
         return run_demo(args)
     if args.command == "task" and args.task == "lengths":

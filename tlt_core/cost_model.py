@@ -77,8 +77,10 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
     kept = engine.model_free  # the workload's history: calibration neither reads nor adds to it
     try:
         for batch in batches:
-            requests = [replace(r, params=replace(r.params, max_tokens=max_tokens, n=1))
-                        for r in (list(calibration_requests) * batch)[:batch]]
+            requests = [replace(r, params=replace(
+                r.params, n=1,
+                max_tokens=max(1, min(max_tokens, engine.config.max_len - len(r.prompt_ids)))))
+                for r in (list(calibration_requests) * batch)[:batch]]
             for plan in (None,) + tuple(plans):
                 # model-free drafts see this run's siblings only, not earlier calibration runs
                 engine.model_free = SuffixDrafts()

@@ -118,6 +118,9 @@ class WorkerRound:
     tokens: int
     harvest_s: float  # critical-path cost of harvesting, inside rollout_s
     yield_lag_s: float  # from the last rank finishing to this rank leaving its training step
+    sd_on_share: float = 0.0  # share of this rank's decode steps that were speculative
+    trace_time_s: tuple[float, ...] = ()  # this rank's engine trace: end of each decode step
+    trace_running: tuple[int, ...] = ()  # and the running rows during it
 
 
 def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[Request],
@@ -153,7 +156,9 @@ def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[
     return rollouts, WorkerRound(group.rank, rollout_s, makespan, makespan - rollout_s,
                                  spot_steps, spot_s, result.acceptance_length,
                                  sum(len(r.tokens) for r in result.rollouts), result.harvest_s,
-                                 yield_lag)
+                                 yield_lag, len(result.spec_steps) / max(result.decode_steps, 1),
+                                 tuple(result.trace_time_s.tolist()),
+                                 tuple(result.trace_running.tolist()))
 
 
 def refresh(group: WorkerGroup, drafter: Drafter, steps_trained: int) -> bool:

@@ -1,0 +1,159 @@
+"""`tlt train`: GRPO with TLT on the embedded task (no arguments) or a local checkpoint.
+
+Writes, under --out: metrics.jsonl (one line per step; `baseline/` for --compare's SD-off run),
+checkpoint.pt after every step, and report.md with its plots at the end. Ctrl-C (or a killed
+rank) loses at most the step in progress; the message says how to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+from tlt_core.train import TrainConfig
+
+_HELP = {
+    "steps": "GRPO steps",
+    "prompts_per_step": "prompts per step (each sampled samples_per_prompt times)",
+    "samples_per_prompt": "samples per prompt (the GRPO group)",
+    "max_new_tokens": "most tokens per response",
+    "temperature": "sampling temperature of the rollout (and of the log-probs trained on)",
+    "lr": "AdamW learning rate",
+    "clip_eps": "PPO clip range: ratios outside [1 - eps, 1 + eps] stop the gradient",
+    "kl_coef": "KL penalty to the frozen initial policy (k3 estimator); 0 turns it off",
+    "minibatch_size": "sequences per optimizer step",
+    "ppo_epochs": "passes over the step's rollouts",
+    "max_grad_norm": "gradient clipping norm",
+    "seed": "seed of prompts, sampling and mini-batches",
+    "max_batch": "engine rows per rank (the most samples decoding at once)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainConfig()
+    for f in fields(TrainConfig):
+        if f.name in _HELP:
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)),
+                                default=getattr(defaults, f.name),
+                                help=f"{_HELP[f.name]} (default {getattr(defaults, f.name)})")
+    parser.add_argument("--no-tlt", action="store_true",
+                        help="plain decoding only: the SD-off baseline")
+    parser.add_argument("--no-model-free", action="store_true",
+                        help="no model-free (sibling) drafts among the adaptive loop's plans")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run the SD-off baseline with the same seeds and config, and "
+                             "print the end-to-end speedup")
+    parser.add_argument("--out", type=Path, default=Path("runs/tlt-train"),
+                        help="run folder: metrics, checkpoint, report (default runs/tlt-train)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its checkpoint")
+    parser.add_argument("--model", type=Path, help="a local Hugging Face checkpoint folder "
+                        "(default: the embedded model)")
+    parser.add_argument("--data", type=Path, help="JSONL or Parquet prompts with 'prompt' and "
+                        "'answer' fields (needed with --model)")
+    parser.add_argument("--drafter", type=Path, help="a drafter folder for --model (without "
+                        "one, TLT uses model-free drafts only)")
+    parser.add_argument("--reward", help="a reward function as module:function taking (prompt, "
+                        "response, reference) (default: the math-answer verifier)")
+    parser.add_argument("--strict-data", action="store_true",
+                        help="stop on malformed data rows instead of skipping them")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from tlt_core.train_setup import checkpoint_inputs, embedded_inputs, load_reward
+
+    try:
+        config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)
+                                if f.name in _HELP}, tlt=not args.no_tlt,
+                             model_free=not args.no_model_free)
+    except ValueError as error:  # name the flag, not the field
+        flag = "--" + str(error).split(":")[0].replace("_", "-")
+        raise SystemExit(f"tlt train: {flag}{str(error)[str(error).index(':'):]}") from None
+    if (args.model is None) != (args.data is None):
+        raise SystemExit("tlt train: --model and --data go together (a checkpoint and its "
+                         "prompts); with neither, the embedded task and model are used")
+    if args.model is not None:
+        from tlt_core.rewards import math_reward
+
+        reward = load_reward(args.reward) if args.reward else math_reward
+        inputs = lambda: checkpoint_inputs(args.model, args.data, drafter_path=args.drafter,  # noqa: E731
+                                           skip_bad_rows=not args.strict_data, reward_fn=reward)
+    else:
+        inputs = lambda: embedded_inputs(progress=not args.no_progress)  # noqa: E731
+    runs = {"tlt" if config.tlt else "baseline": (args.out, config)}
+    if args.compare and config.tlt:
+        runs["baseline"] = (args.out / "baseline", replace(config, tlt=False))
+    histories = {}
+    for name, (folder, run_config) in runs.items():
+        histories[name] = _train_one(name, folder, run_config, inputs(), args)
+        if histories[name] is None:
+            return 130
+    from tlt_core.train_report import summarize, write_report
+
+    report = write_report(args.out, histories)
+    print()
+    for name, history in histories.items():
+        s = summarize(history)
+        print(f"{name}: {s['steps']} steps in {s['time_s']:.1f} s (rollout {s['rollout_s']:.1f} s, "
+              f"train {s['train_s']:.1f} s), reward {s['reward_first']:.3f} -> "
+              f"{s['reward_last']:.3f} (mean {s['reward_mean']:.3f}), max logprob gap "
+              f"{s['max_logprob_gap']:.1e}")
+    if "baseline" in histories and "tlt" in histories:
+        speedup = summarize(histories["baseline"])["time_s"] / summarize(histories["tlt"])["time_s"]
+        print(f"end-to-end speedup of TLT over SD off: {speedup:.2f}x")
+    print(f"report: {report}")
+    return 0
+
+
+def _train_one(name: str, folder: Path, config: TrainConfig, inputs, args) -> list[dict] | None:
+    from tqdm import tqdm
+
+    from tlt_core.train import GRPOTrainer, write_metrics
+
+    trainer = GRPOTrainer(inputs.policy, inputs.prompts, inputs.reward_fn, inputs.decode,
+                          inputs.stop_ids, config, drafter=inputs.drafter,
+                          calibration=inputs.calibration)
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpoint, metrics_path = folder / "checkpoint.pt", folder / "metrics.jsonl"
+    if inputs.bad_rows:
+        print(f"data: skipped {len(inputs.bad_rows)} malformed rows "
+              f"(first: line {inputs.bad_rows[0][0]}: {inputs.bad_rows[0][1]})", file=sys.stderr)
+    if args.resume and checkpoint.is_file():
+        trainer.resume(checkpoint)
+        metrics_path.write_text("".join(json.dumps(m) + "\n" for m in trainer.state.history))
+        print(f"{name}: resumed at step {trainer.state.step} from {checkpoint}")
+    elif metrics_path.exists():
+        metrics_path.unlink()  # a fresh run
+    print(f"{name}: {inputs.description}, TLT {'on' if config.tlt else 'off'}; "
+          f"{config.steps} steps x {config.prompts_per_step} prompts x "
+          f"{config.samples_per_prompt} samples -> {folder}")
+    bar = tqdm(total=config.steps, initial=trainer.state.step, disable=args.no_progress,
+               desc=name, unit="step", file=sys.stderr)
+    try:
+        while trainer.state.step < config.steps:
+            metrics = trainer.step()
+            trainer.save(checkpoint)
+            write_metrics(metrics_path, metrics)
+            bar.update()
+            bar.write(_line(metrics))
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\n{name}: interrupted in step {trainer.state.step}; steps before it are saved "
+              f"in {checkpoint}. Resume with the same arguments plus --resume.", file=sys.stderr)
+        return None
+    bar.close()
+    return trainer.state.history
+
+
+def _line(m: dict) -> str:
+    acceptance = "-" if m["acceptance_length"] is None else f"{m['acceptance_length']:.2f}"
+    version = "-" if m["drafter_version"] is None else str(m["drafter_version"])
+    return (f"step {m['step']:>3}  reward {m['reward']:.3f}  step {m['step_s']:.2f}s  rollout "
+            f"{100 * m['rollout_share']:.0f}%  tail {m['tail_s']:.2f}s  accept {acceptance}  "
+            f"SD-on {100 * m['sd_on_share']:.0f}%  drafter v{version}  gap "
+            f"{m['logprob_gap']:.1e}" + (f"  reward errors {m['reward_errors']}"
+                                        if m["reward_errors"] else ""))

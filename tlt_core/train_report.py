@@ -1,0 +1,121 @@
+"""The report of a `tlt train` run: a summary and plots, from the runs' per-step metrics.
+
+Plots (PNG, next to report.md): reward per step (TLT against the SD-off baseline when both ran),
+step time split into rollout and training, the running batch over the last step's rollout,
+acceptance length per step, and the response-length histogram.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+
+def summarize(history: list[dict]) -> dict:
+    if not history:
+        return {}
+    time_total = sum(m["step_s"] for m in history)
+    acceptance = [m["acceptance_length"] for m in history if m.get("acceptance_length")]
+    return {"steps": len(history), "time_s": time_total,
+            "mean_step_s": time_total / len(history),
+            "rollout_s": sum(m["rollout_s"] for m in history),
+            "train_s": sum(m["train_s"] for m in history),
+            "tail_s": sum(m["tail_s"] for m in history),
+            "reward_first": history[0]["reward"], "reward_last": history[-1]["reward"],
+            "reward_mean": statistics.mean(m["reward"] for m in history),
+            "acceptance_length": statistics.mean(acceptance) if acceptance else None,
+            "sd_on_share": statistics.mean(m["sd_on_share"] for m in history),
+            "max_logprob_gap": max(m["logprob_gap"] for m in history)}
+
+
+def write_report(folder: Path, runs: dict[str, list[dict]]) -> Path:
+    """runs: {"tlt": history, "baseline": history (optional)} -> folder/report.md + plots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    figures = []
+
+    def save(fig, name, title):
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=110)
+        plt.close(fig)
+        figures.append((title, name))
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, history in runs.items():
+        ax.plot([m["step"] for m in history], [m["reward"] for m in history], marker="o",
+                label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.legend()
+    save(fig, "reward.png", "Reward per step")
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5), squeeze=False,
+                             sharey=True)
+    for ax, (name, history) in zip(axes[0], runs.items()):
+        steps = [m["step"] for m in history]
+        rollout = [m["rollout_s"] for m in history]
+        ax.bar(steps, rollout, label="rollout")
+        ax.bar(steps, [m["train_s"] for m in history], bottom=rollout, label="train")
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("seconds")
+        ax.legend()
+    save(fig, "step_time.png", "Step time: rollout and training")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, history in runs.items():
+        last = history[-1]
+        ax.step(last["trace_time_s"], last["trace_running"], where="pre", label=name)
+    ax.set_xlabel("seconds into the rollout (last step)")
+    ax.set_ylabel("running batch")
+    ax.legend()
+    save(fig, "running_batch.png", "Running batch over the last step's rollout")
+
+    tlt = runs.get("tlt", [])
+    if any(m.get("acceptance_length") for m in tlt):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot([m["step"] for m in tlt], [m["acceptance_length"] or 0 for m in tlt], marker="o")
+        ax.set_xlabel("step")
+        ax.set_ylabel("tokens per speculative step")
+        save(fig, "acceptance.png", "Acceptance length per step")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, history in runs.items():
+        lengths = [n for m in history for n in m["response_lengths"]]
+        ax.hist(lengths, bins=40, alpha=0.6, label=name)
+    ax.set_xlabel("response length (tokens)")
+    ax.set_ylabel("responses")
+    ax.set_yscale("log")
+    ax.legend()
+    save(fig, "response_lengths.png", "Response lengths")
+
+    lines = ["# tlt train report", ""]
+    summaries = {name: summarize(history) for name, history in runs.items()}
+    keys = ["steps", "time_s", "mean_step_s", "rollout_s", "train_s", "tail_s", "reward_first",
+            "reward_last", "reward_mean", "acceptance_length", "sd_on_share", "max_logprob_gap"]
+    lines.append("| metric | " + " | ".join(summaries) + " |")
+    lines.append("|---|" + "---:|" * len(summaries))
+    for key in keys:
+        cells = [_fmt(s.get(key)) for s in summaries.values()]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    if "baseline" in summaries and "tlt" in summaries:
+        speedup = summaries["baseline"]["time_s"] / summaries["tlt"]["time_s"]
+        lines += ["", f"End-to-end speedup (baseline time / TLT time): **{speedup:.2f}x**"]
+    lines.append("")
+    for title, name in figures:
+        lines += [f"## {title}", "", f"![{title}]({name})", ""]
+    path = folder / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
