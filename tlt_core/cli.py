@@ -7,6 +7,7 @@
                       speculative rollout vs plain decoding, per batch size and strategy
   tlt bench drafter   spot-trained vs frozen drafter on an evolving target, 2 ranks
   tlt bench rollout   the adaptive rollout loop vs SD off / always on, long tail and no tail
+  tlt bench train     GRPO end to end: TLT vs SD off, with the reward-noise floor
   tlt train           GRPO with TLT on the embedded task (the main job); --compare, --model
   tlt demo            one speculative verification step on a toy tree, explained
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
@@ -138,6 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
                          help="measured rounds per mode (medians), after one warm-up round")
     rollout.add_argument("--no-progress", action="store_true", help="no progress bars")
 
+    bench_train = bench_kinds.add_parser(
+        "train", help="GRPO end to end: TLT vs SD off (and SD off with another seed)",
+        description="Three GRPO runs on the embedded task, stepped in turn: TLT, SD off with "
+                    "the same seed, SD off with another seed (the reward-noise floor). Reports "
+                    "per-step time and reward, the end-to-end speedup, the reward gap and the "
+                    "reward noise.")
+    bench_train.add_argument("--json", type=Path, metavar="FILE", help="write rows + summary")
+    bench_train.add_argument("--steps", type=int, default=12, help="GRPO steps per run")
+    bench_train.add_argument("--no-progress", action="store_true", help="no progress bars")
+
     from tlt_core.train_cli import add_arguments as add_train_arguments
 
     train = commands.add_parser(
@@ -249,6 +260,19 @@ def run_bench_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench_train(args: argparse.Namespace) -> int:
+    from tlt_core.bench import train as bench_train
+    from tlt_core.train import TrainConfig
+
+    result = bench_train.run(TrainConfig(steps=args.steps), progress=not args.no_progress)
+    print(bench_train.format_table(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def run_bench_drafter(args: argparse.Namespace) -> int:
     from tlt_core.bench import drafter as bench_drafter
     from tlt_core.drafter_training import (DrafterWarmupConfig, drafter_folder,
@@ -306,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_drafter(args)
     if args.command == "bench" and args.bench == "rollout":
         return run_bench_rollout(args)
+    if args.command == "bench" and args.bench == "train":
+        return run_bench_train(args)
     if args.command == "train":
         from tlt_core.train_cli import run_train
 
