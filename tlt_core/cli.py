@@ -8,6 +8,7 @@
   tlt bench drafter   spot-trained vs frozen drafter on an evolving target, 2 ranks
   tlt bench rollout   the adaptive rollout loop vs SD off / always on, long tail and no tail
   tlt bench train     GRPO end to end: TLT vs SD off, with the reward-noise floor
+  tlt bench simulate  the scale simulator, validated against 2-rank runs, and a projection
   tlt train           GRPO with TLT on the embedded task (the main job); --compare, --model
   tlt demo            one speculative verification step on a toy tree, explained
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
@@ -149,6 +150,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench_train.add_argument("--steps", type=int, default=12, help="GRPO steps per run")
     bench_train.add_argument("--no-progress", action="store_true", help="no progress bars")
 
+    simulate = bench_kinds.add_parser(
+        "simulate", help="the scale simulator: validated on 2-rank runs here, then a projection",
+        description="Validates the rollout simulator (cost model + response lengths -> "
+                    "makespan) against measured 2-rank rollouts of forced-length traces of "
+                    "several tail shapes, SD off and on, then projects a many-worker run. The "
+                    "projection is a model's prediction, not a measurement.")
+    simulate.add_argument("--json", type=Path, metavar="FILE", help="write rows + projection")
+    simulate.add_argument("--reps", type=int, default=3, help="measured rollouts per row (median)")
+    simulate.add_argument("--calibration", type=Path, metavar="FILE",
+                          help="a cost-model calibration (JSON; the GPU script writes one) for "
+                               "the projection; default: the one measured here")
+    simulate.add_argument("--workers", type=int, default=64, help="workers in the projection")
+    simulate.add_argument("--train-s-per-token", type=float,
+                          help="training seconds per generated token, for the projection's "
+                               "end-to-end speedup")
+
     from tlt_core.train_cli import add_arguments as add_train_arguments
 
     train = commands.add_parser(
@@ -273,6 +290,40 @@ def run_bench_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench_simulate(args: argparse.Namespace) -> int:
+    from tlt_core.bench import simulate as bench_simulate
+    from tlt_core.drafter_training import (DrafterWarmupConfig, drafter_folder,
+                                           load_or_warm_up_drafter)
+    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
+    from tlt_core.simulator import load_calibration
+    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
+
+    target, _ = load_or_train()
+    target_folder = cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG)
+    load_or_warm_up_drafter(target.eval(), target_folder)
+    result = bench_simulate.validate(target_folder, drafter_folder(target_folder,
+                                                                   DrafterWarmupConfig()),
+                                     reps=args.reps)
+    print(bench_simulate.format_table(result))
+    if args.calibration is not None:
+        cost, source = load_calibration(args.calibration), str(args.calibration)
+    else:
+        cost, source = result.pop("cost_model"), "this machine (2 ranks, 1 thread each)"
+    result.pop("cost_model", None)
+    projection = bench_simulate.project(cost, workers=args.workers,
+                                        train_s_per_token=args.train_s_per_token)
+    projection["cost_model"] = source
+    result["projection"] = projection
+    print(f"PROJECTION (simulated, not measured; cost model: {source}): "
+          + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                      for k, v in projection.items() if k != "cost_model"))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def run_bench_drafter(args: argparse.Namespace) -> int:
     from tlt_core.bench import drafter as bench_drafter
     from tlt_core.drafter_training import (DrafterWarmupConfig, drafter_folder,
@@ -332,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_rollout(args)
     if args.command == "bench" and args.bench == "train":
         return run_bench_train(args)
+    if args.command == "bench" and args.bench == "simulate":
+        return run_bench_simulate(args)
     if args.command == "train":
         from tlt_core.train_cli import run_train
 

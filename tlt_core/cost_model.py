@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -30,24 +30,42 @@ from tlt_core.model_free import SuffixDrafts
 class CostModel:
     rates: dict[tuple[int, str], float]  # (batch, str(plan) or "plain") -> tokens per second
     calibration_s: float = 0.0  # what calibrating took
+    # str(plan) -> tokens a row emitted per step in calibration (the simulator's default)
+    acceptance: dict[str, float] = field(default_factory=dict)
+    # How a step's time grows with the rows' context (attention reads it all): per (batch,
+    # key), seconds per step per context token, fitted over the calibration's steps, and the
+    # mean context at which `rates` were measured. Empty: context-independent.
+    context_slope: dict[tuple[int, str], float] = field(default_factory=dict)
+    context_mean: dict[tuple[int, str], float] = field(default_factory=dict)
 
     @property
     def batches(self) -> list[int]:
         return sorted({b for b, _ in self.rates})
 
-    def rate(self, batch: int, plan) -> float:
+    def rate(self, batch: int, plan, context: float | None = None) -> float:
         """Measured tokens per second of a step with plan, interpolated linearly in log2(batch)
-        between calibrated batches (held flat outside them)."""
+        between calibrated batches (held flat outside them); at a mean row context (tokens)
+        when given and the calibration fitted the context dependence."""
         key = "plain" if plan is None else str(plan)
         batches = self.batches
         if batch <= batches[0] or batch >= batches[-1]:
-            return self.rates[(batches[0] if batch <= batches[0] else batches[-1], key)]
+            edge = batches[0] if batch <= batches[0] else batches[-1]
+            return self._at(edge, key, context)
         high = next(b for b in batches if b >= batch)
         low = max(b for b in batches if b <= batch)
         if high == low:
-            return self.rates[(low, key)]
+            return self._at(low, key, context)
         t = (math.log2(batch) - math.log2(low)) / (math.log2(high) - math.log2(low))
-        return (1 - t) * self.rates[(low, key)] + t * self.rates[(high, key)]
+        return (1 - t) * self._at(low, key, context) + t * self._at(high, key, context)
+
+    def _at(self, batch: int, key: str, context: float | None) -> float:
+        rate = self.rates[(batch, key)]
+        if context is None or (batch, key) not in self.context_slope:
+            return rate
+        emitted = batch * (1.0 if key == "plain" else self.acceptance.get(key, 1.0))
+        seconds = emitted / rate + self.context_slope[(batch, key)] * (
+            context - self.context_mean[(batch, key)])
+        return emitted / max(seconds, 0.1 * emitted / rate)  # a steep fit never goes below 10%
 
     def threshold(self, plans: Sequence[object], margin: float = 0.05) -> int:
         """The largest calibrated batch at which the best plan beats plain decoding by margin,
@@ -73,7 +91,7 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
         raise ValueError(f"batches: need sizes in [1, max_batch={engine.config.max_batch}]")
     if not calibration_requests:
         raise ValueError("calibration_requests: need at least one request to calibrate on")
-    rates = {}
+    rates, emitted, slopes, means = {}, {}, {}, {}
     kept = engine.model_free  # the workload's history: calibration neither reads nor adds to it
     try:
         for batch in batches:
@@ -84,11 +102,21 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
             for plan in (None,) + tuple(plans):
                 # model-free drafts see this run's siblings only, not earlier calibration runs
                 engine.model_free = SuffixDrafts()
-                rates[(batch, "plain" if plan is None else str(plan))] = _measure(
-                    engine, requests, plan, batch)
+                recorder = _measure(engine, requests, plan, batch)
+                key = (batch, "plain" if plan is None else str(plan))
+                rates[key] = recorder.tokens / recorder.seconds
+                prompt = sum(len(r.prompt_ids) for r in requests) / len(requests)
+                fit = recorder.context_fit(prompt)
+                if fit is not None:
+                    slopes[key], means[key] = fit
+                if plan is not None:
+                    tokens, rows = emitted.get(str(plan), (0, 0))
+                    emitted[str(plan)] = (tokens + recorder.tokens, rows + recorder.row_steps)
     finally:
         engine.model_free = kept
-    return CostModel(rates, time.perf_counter() - start)
+    return CostModel(rates, time.perf_counter() - start,
+                     {plan: tokens / rows for plan, (tokens, rows) in emitted.items()},
+                     slopes, means)
 
 
 class _Recorder:
@@ -98,21 +126,38 @@ class _Recorder:
 
     def __init__(self, plan, batch: int):
         self.plan, self.batch = plan, batch
-        self.tokens, self.seconds = 0, 0.0
+        self.tokens, self.seconds, self.row_steps = 0, 0.0, 0
+        self.steps: list[tuple[float, float]] = []
 
     def __call__(self, batch: int):
         return self.plan
 
     def observe(self, batch: int, plan, emitted: int, seconds: float) -> None:
         if batch == self.batch:
+            self.steps.append((self.tokens / batch, seconds))  # (tokens per row so far, time)
             self.tokens += emitted
             self.seconds += seconds
+            self.row_steps += batch
+
+    def context_fit(self, prompt_length: float) -> tuple[float, float] | None:
+        """Least-squares seconds-per-step against the rows' mean context: (slope, mean
+        context), or None with too few steps to fit."""
+        if len(self.steps) < 4:
+            return None
+        contexts = [prompt_length + done for done, _ in self.steps]
+        times = [seconds for _, seconds in self.steps]
+        mean_c, mean_t = sum(contexts) / len(contexts), sum(times) / len(times)
+        spread = sum((c - mean_c) ** 2 for c in contexts)
+        if spread == 0:
+            return None
+        slope = sum((c - mean_c) * (t - mean_t) for c, t in zip(contexts, times)) / spread
+        return slope, mean_c
 
 
 @torch.inference_mode()
-def _measure(engine, requests, plan, batch: int) -> float:
+def _measure(engine, requests, plan, batch: int) -> _Recorder:
     recorder = _Recorder(plan, batch)
     engine.generate(requests, recorder)
     if recorder.seconds == 0:
         raise RuntimeError(f"calibration: no step ran with all {batch} rows; raise max_tokens")
-    return recorder.tokens / recorder.seconds
+    return recorder
