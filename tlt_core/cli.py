@@ -9,6 +9,7 @@
   tlt bench rollout   the adaptive rollout loop vs SD off / always on, long tail and no tail
   tlt bench train     GRPO end to end: TLT vs SD off, with the reward-noise floor
   tlt bench simulate  the scale simulator, validated against 2-rank runs, and a projection
+  tlt bench peers     our batch-1 SD vs Hugging Face assisted decoding, same target weights
   tlt train           GRPO with TLT on the embedded task (the main job); --compare, --model
   tlt demo            one speculative verification step on a toy tree, explained
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
@@ -165,6 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--train-s-per-token", type=float,
                           help="training seconds per generated token, for the projection's "
                                "end-to-end speedup")
+
+    peers = bench_kinds.add_parser(
+        "peers", help="tlt_core next to Hugging Face assisted decoding, on the same work",
+        description="Our batch-1 speculative decoding against transformers' assisted decoding "
+                    "(a 2-layer assistant of the same vocabulary, warmed up on the task) with "
+                    "the same target weights, at T=0 (outputs checked identical) and T=1. Rows: "
+                    "peer, setting, ours, theirs (tokens/s), ratio (ours faster above 1).")
+    peers.add_argument("--json", type=Path, metavar="FILE", help="write the rows here")
+    peers.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     from tlt_core.train_cli import add_arguments as add_train_arguments
 
@@ -324,6 +334,21 @@ def run_bench_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench_peers(args: argparse.Namespace) -> int:
+    from tlt_core.bench import peers
+    from tlt_core.drafter_training import load_or_warm_up_drafter
+    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
+    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
+
+    target, _ = load_or_train()
+    drafter, _ = load_or_warm_up_drafter(target.eval(), cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG),
+                                         progress=not args.no_progress)
+    rows = peers.hf_assisted(target, drafter, progress=not args.no_progress)
+    print(peers.format_table(rows))
+    _write_rows(args.json, rows)
+    return 0
+
+
 def run_bench_drafter(args: argparse.Namespace) -> int:
     from tlt_core.bench import drafter as bench_drafter
     from tlt_core.drafter_training import (DrafterWarmupConfig, drafter_folder,
@@ -385,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench_train(args)
     if args.command == "bench" and args.bench == "simulate":
         return run_bench_simulate(args)
+    if args.command == "bench" and args.bench == "peers":
+        return run_bench_peers(args)
     if args.command == "train":
         from tlt_core.train_cli import run_train
 
