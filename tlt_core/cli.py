@@ -168,10 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
                                "end-to-end speedup")
 
     peers = bench_kinds.add_parser(
-        "peers", help="tlt_core next to Hugging Face assisted decoding, on the same work",
+        "peers", help="our SD vs HF assisted decoding, our GRPO vs TRL GRPO, on the same work",
         description="Our batch-1 speculative decoding against transformers' assisted decoding "
                     "(a 2-layer assistant of the same vocabulary, warmed up on the task) with "
-                    "the same target weights, at T=0 (outputs checked identical) and T=1. Rows: "
+                    "the same target weights, at T=0 (outputs checked identical) and T=1; and "
+                    "our GRPO driver (TLT and SD off) against TRL's GRPOTrainer on the same "
+                    "model, prompts and settings (needs TRL: bash bench/setup_peers.sh). Rows: "
                     "peer, setting, ours, theirs (tokens/s), ratio (ours faster above 1).")
     peers.add_argument("--json", type=Path, metavar="FILE", help="write the rows here")
     peers.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -344,6 +346,11 @@ def run_bench_peers(args: argparse.Namespace) -> int:
     drafter, _ = load_or_warm_up_drafter(target.eval(), cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG),
                                          progress=not args.no_progress)
     rows = peers.hf_assisted(target, drafter, progress=not args.no_progress)
+    try:
+        rows += peers.trl_grpo(progress=not args.no_progress)
+    except ImportError as error:
+        print(f"trl_grpo: skipped, TRL is not installed ({error}); bash bench/setup_peers.sh "
+              "installs it", file=sys.stderr)
     print(peers.format_table(rows))
     _write_rows(args.json, rows)
     return 0

@@ -11,7 +11,17 @@ the numbers are generated tokens per second over the whole set, at T = 0 (greedy
 produce the same tokens, checked) and at T = 1. Rows carry `peer`, `setting`, `ours`, `theirs`
 (tokens per second) and `ratio` (ours / theirs: above 1, ours is faster).
 
-trl_grpo (TRL's GRPOTrainer on the same model and task) is not measured yet.
+trl_grpo: TRL's GRPOTrainer against our GRPO driver, TLT on and SD off, on the same model (the
+warm embedded model; TRL gets it as a Hugging Face checkpoint with a character tokenizer that
+encodes exactly as ours), the same prompt pool (the first 64 embedded-task prompts of `tlt
+train`), 8 prompts x 8 samples per step, at most 256 new tokens, T = 1, lr 5e-5, no KL, one
+optimizer pass per step (TRL: one batch of 64; ours: two mini-batches of 32), on the CPU. TRL
+generates with `model.generate` (HF, padded batch). The comparison is generated tokens per second
+of GRPO step time over `steps` steps after one warm-up step (the runs sample different lengths:
+tokens per second is what the work costs; seconds per step are reported too).
+
+The peers are optional benchmark dependencies, never installed by the core install:
+`bash bench/setup_peers.sh` installs TRL.
 """
 
 from __future__ import annotations
@@ -87,6 +97,93 @@ def hf_assisted(target, drafter, *, problems: int = 12, seed: int = 4242, progre
                      "ours": ours_tokens / ours_s, "theirs": theirs_tokens / theirs_s,
                      "ratio": (ours_tokens / ours_s) / (theirs_tokens / theirs_s),
                      "tokens_ours": ours_tokens, "tokens_theirs": theirs_tokens})
+    return rows
+
+
+def _char_tokenizer():
+    """A Hugging Face fast tokenizer that encodes like CharTokenizer.prompt_ids (one token per
+    character, <bos> first) and decodes without spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = CharTokenizer()
+    core = Tokenizer(models.WordLevel(vocab={p: i for i, p in enumerate(tokenizer.pieces)},
+                                      unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", tokenizer.bos_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>")
+
+
+def trl_grpo(steps: int = 6, prompts: int = 64, progress: bool = True) -> list[dict]:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    from tlt_core.train import GRPOTrainer, TrainConfig
+    from tlt_core.train_setup import embedded_inputs, embedded_reward
+
+    config = TrainConfig(steps=steps + 1, max_new_tokens=256, lr=5e-5)
+    tokenizer = CharTokenizer()
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.ends = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.ends.append(time.perf_counter())
+
+    inputs = embedded_inputs(progress=progress)
+    pool = inputs.prompts[:prompts]
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as out:
+        save_checkpoint(inputs.policy, folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        for name, value in (("eos_token_id", tokenizer.eos_id), ("pad_token_id", tokenizer.pad_id),
+                            ("bos_token_id", tokenizer.bos_id)):
+            setattr(model.generation_config, name, value)
+        dataset = Dataset.from_list([{"prompt": p.text + "?", "answer": p.reference} for p in pool])
+
+        def reward(prompts, completions, answer, **kwargs):
+            return [embedded_reward(p, c, a) for p, c, a in zip(prompts, completions, answer)]
+
+        clock = Clock()
+        trl_config = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=config.prompts_per_step *
+            config.samples_per_prompt, gradient_accumulation_steps=1,
+            num_generations=config.samples_per_prompt, max_completion_length=config.max_new_tokens,
+            temperature=config.temperature, top_k=0, learning_rate=config.lr, beta=0.0,
+            max_steps=config.steps, logging_steps=1, report_to="none", use_cpu=True,
+            save_strategy="no", seed=config.seed, disable_tqdm=not progress)
+        theirs = TRLTrainer(model=model, reward_funcs=reward, args=trl_config,
+                            train_dataset=dataset, processing_class=_char_tokenizer(),
+                            callbacks=[clock])
+        start = time.perf_counter()
+        theirs.train()
+        ends = [start] + clock.ends
+        logs = [h for h in theirs.state.log_history if "completions/mean_length" in h]
+        trl_seconds = [b - a for a, b in zip(ends, ends[1:])][1:]  # after the warm-up step
+        trl_tokens = [h["completions/mean_length"] * trl_config.per_device_train_batch_size
+                      for h in logs][1:]
+    rows = []
+    for tlt in (True, False):
+        run_inputs = embedded_inputs(progress=progress)
+        trainer = GRPOTrainer(run_inputs.policy, pool, run_inputs.reward_fn, run_inputs.decode,
+                              run_inputs.stop_ids, replace(config, tlt=tlt),
+                              drafter=run_inputs.drafter, calibration=run_inputs.calibration)
+        history = [trainer.step() for _ in range(config.steps)][1:]
+        seconds = [m["step_s"] for m in history]
+        tokens = [sum(m["response_lengths"]) for m in history]
+        ours, theirs_rate = sum(tokens) / sum(seconds), sum(trl_tokens) / sum(trl_seconds)
+        rows.append({"peer": "trl_grpo",
+                     "setting": f"GRPO step, {'TLT' if tlt else 'SD off'}, tokens/s",
+                     "ours": ours, "theirs": theirs_rate, "ratio": ours / theirs_rate,
+                     "ours_s_per_step": sum(seconds) / len(seconds),
+                     "theirs_s_per_step": sum(trl_seconds) / len(trl_seconds),
+                     "ours_tokens_per_step": sum(tokens) / len(tokens),
+                     "theirs_tokens_per_step": sum(trl_tokens) / len(trl_tokens), "steps": steps})
     return rows
 
 

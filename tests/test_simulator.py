@@ -1,0 +1,99 @@
+"""Trace harness (length families, files, forced-length replay) and the scale simulator."""
+
+import json
+
+import pytest
+
+from tests.speculative_fixtures import PROMPTS, tiny_target
+from tlt_core.cost_model import CostModel
+from tlt_core.engine import EngineConfig, RolloutEngine
+from tlt_core.simulator import load_calibration, save_calibration, simulate
+from tlt_core.speculative import Strategy
+from tlt_core.traces import load_lengths, replay_requests, sample_lengths, tail_stats
+
+
+def test_length_families_are_deterministic_grouped_and_clipped():
+    a = sample_lengths("lognormal", 64, seed=3, median=40, sigma=1.2, max_length=300)
+    assert a == sample_lengths("lognormal", 64, seed=3, median=40, sigma=1.2, max_length=300)
+    assert a != sample_lengths("lognormal", 64, seed=4, median=40, sigma=1.2, max_length=300)
+    assert 1 <= min(a) and max(a) <= 300
+    groups = [a[i:i + 8] for i in range(0, 64, 8)]  # siblings share a scale
+    spread_within = max(max(g) / min(g) for g in groups)
+    spread_between = max(max(g) for g in groups) / min(min(g) for g in groups)
+    assert spread_within < spread_between
+    assert tail_stats(sample_lengths("uniform", 64, low=32, high=64))["max_over_median"] < 2.1
+    heavy = tail_stats(sample_lengths("pareto", 512, minimum=10, alpha=1.1, max_length=10**6))
+    assert heavy["max_over_median"] > 10
+    with pytest.raises(ValueError, match="family"):
+        sample_lengths("gaussian", 8)
+    with pytest.raises(ValueError, match="count"):
+        sample_lengths("uniform", 10, group_size=8)
+
+
+def test_user_length_files(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps([5, 7, 9]))
+    (tmp_path / "b.txt").write_text("5\n\n7\n")
+    assert load_lengths(tmp_path / "a.json") == [5, 7, 9]
+    assert load_lengths(tmp_path / "b.txt") == [5, 7]
+    (tmp_path / "c.txt").write_text("5\nseven\n")
+    with pytest.raises(ValueError, match="entry 2"):
+        load_lengths(tmp_path / "c.txt")
+    (tmp_path / "d.txt").write_text("0\n")
+    with pytest.raises(ValueError, match=">= 1"):
+        load_lengths(tmp_path / "d.txt")
+
+
+def test_replay_forces_every_length():
+    lengths = [3, 9, 5, 1, 12, 7]
+    requests = replay_requests(lengths, PROMPTS[:2], group_size=3)
+    assert [r.prompt_ids for r in requests] == [tuple(PROMPTS[0])] * 3 + [tuple(PROMPTS[1])] * 3
+    engine = RolloutEngine(tiny_target(), EngineConfig(max_batch=4, max_len=32))
+    out = engine.generate(requests).rollouts
+    assert [len(r.tokens) for r in out] == lengths
+
+
+def _flat_cost(plain=100.0, sd=250.0, acceptance=5.0):
+    """Context-independent, calibrated at batches 1 and 2: a plain step lasts 1 / plain s, an
+    SD step (4,1,5) acceptance / sd s, at either batch."""
+    rates = {(b, "plain"): plain * b for b in (1, 2)}
+    rates.update({(b, "(4,1,5)"): sd * b for b in (1, 2)})
+    return CostModel(rates, acceptance={"(4,1,5)": acceptance})
+
+
+def test_simulated_plain_makespan_by_hand():
+    cost = _flat_cost()
+    # one worker, lengths 4 and 2: 2 steps at batch 2 (2 x 1/100 s each), 2 at batch 1
+    prediction = simulate([4, 2], cost, workers=1, group_size=1)
+    assert prediction.makespan_s == pytest.approx(4 / 100)
+    # two workers (group_size 1: request i on worker i mod 2): 4 and 2 steps of 1/100 s
+    two = simulate([4, 2], cost, workers=2, group_size=1)
+    assert two.busy_s == pytest.approx((0.04, 0.02))
+    assert two.idle_worker_s == pytest.approx(0.02)
+    # continuous batching: max_batch 1 runs them back to back
+    assert simulate([4, 2], cost, max_batch=1, group_size=1).makespan_s == pytest.approx(0.06)
+
+
+def test_simulated_sd_with_certain_acceptance():
+    cost = _flat_cost(acceptance=5.0)  # depth 4 accepted in full: 5 tokens every step
+    plan = Strategy(4, 1, 5)
+    prediction = simulate([10, 10], cost, group_size=2, plan=lambda batch: plan)
+    # 2 steps; a step at batch 2 lasts 2 x 5 / (250 x 2) = 0.02 s
+    assert prediction.steps == 2 and prediction.makespan_s == pytest.approx(0.04)
+    # a workload that accepts less takes more steps of the same duration
+    slower = simulate([10, 10], cost, group_size=2, plan=lambda batch: plan,
+                      acceptance={"(4,1,5)": 1.0})
+    assert slower.steps == 10 and slower.makespan_s == pytest.approx(0.2)
+
+
+def test_calibration_files_round_trip(tmp_path):
+    cost = _flat_cost()
+    cost.context_slope[(1, "plain")] = 1e-4
+    cost.context_mean[(1, "plain")] = 20.0
+    save_calibration(cost, tmp_path / "c.json", "cpu")
+    back = load_calibration(tmp_path / "c.json")
+    assert back.rates == cost.rates and back.acceptance == cost.acceptance
+    assert back.rate(1, None, context=30.0) == pytest.approx(cost.rate(1, None, context=30.0))
+    assert back.rate(1, None, context=30.0) < back.rate(1, None, context=20.0)
+    (tmp_path / "bad.json").write_text(json.dumps({"rates": {"x": 1}}))
+    with pytest.raises(ValueError, match="calibration"):
+        load_calibration(tmp_path / "bad.json")
