@@ -208,6 +208,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _write_json(path: Path | None, result: dict) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+def _embedded_target_and_drafter(progress: bool = True):
+    """The warm embedded model and its warmed-up drafter (each trained and cached on first use)."""
+    from tlt_core.drafter_training import load_or_warm_up_drafter
+    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
+    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
+
+    target, _ = load_or_train(progress=progress)
+    drafter, _ = load_or_warm_up_drafter(target.eval(), cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG),
+                                         progress=progress)
+    return target, drafter
+
+
 def _write_rows(path: Path | None, rows: list[dict]) -> None:
     if path is None:
         return
@@ -270,22 +290,14 @@ def run_bench_speculative(args: argparse.Namespace) -> int:
 
 def run_bench_rollout(args: argparse.Namespace) -> int:
     from tlt_core.bench import rollout as bench_rollout
-    from tlt_core.drafter_training import load_or_warm_up_drafter
-    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
-    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
 
-    target, _ = load_or_train()
-    drafter, _ = load_or_warm_up_drafter(target.eval(), cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG),
-                                         progress=not args.no_progress)
+    target, drafter = _embedded_target_and_drafter(progress=not args.no_progress)
     result = bench_rollout.run(target, drafter, rounds=args.rounds, progress=not args.no_progress)
     print(bench_rollout.format_table(result))
     if args.plot is not None:
         bench_rollout.plot(result, args.plot)
         print(f"wrote {args.plot}")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    _write_json(args.json, result)
     return 0
 
 
@@ -295,10 +307,7 @@ def run_bench_train(args: argparse.Namespace) -> int:
 
     result = bench_train.run(TrainConfig(steps=args.steps), progress=not args.no_progress)
     print(bench_train.format_table(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    _write_json(args.json, result)
     return 0
 
 
@@ -329,22 +338,14 @@ def run_bench_simulate(args: argparse.Namespace) -> int:
     print(f"PROJECTION (simulated, not measured; cost model: {source}): "
           + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in projection.items() if k != "cost_model"))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    _write_json(args.json, result)
     return 0
 
 
 def run_bench_peers(args: argparse.Namespace) -> int:
     from tlt_core.bench import peers
-    from tlt_core.drafter_training import load_or_warm_up_drafter
-    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
-    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
 
-    target, _ = load_or_train()
-    drafter, _ = load_or_warm_up_drafter(target.eval(), cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG),
-                                         progress=not args.no_progress)
+    target, drafter = _embedded_target_and_drafter(progress=not args.no_progress)
     rows = peers.hf_assisted(target, drafter, progress=not args.no_progress)
     try:
         rows += peers.trl_grpo(progress=not args.no_progress)
@@ -372,10 +373,7 @@ def run_bench_drafter(args: argparse.Namespace) -> int:
                                steps_per_round=args.steps_per_round,
                                extra_steps=args.extra_steps)
     print(bench_drafter.format_table(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    _write_json(args.json, result)
     return 0
 
 
