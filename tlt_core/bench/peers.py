@@ -117,7 +117,7 @@ def _char_tokenizer():
                                    pad_token="<pad>")
 
 
-def trl_grpo(steps: int = 6, prompts: int = 64, progress: bool = True) -> list[dict]:
+def trl_grpo(steps: int = 10, prompts: int = 64, progress: bool = True) -> list[dict]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig
