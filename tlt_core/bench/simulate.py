@@ -2,9 +2,10 @@
 then a projection.
 
 Validation: for several tail shapes (`tlt_core.traces` families, 64 forced-length requests in
-groups of 8), 2 gloo ranks (one thread each) each calibrate a cost model on their engine (in
-parallel, as they then run; on forced 96-token responses, like the traces), then roll out the trace with SD off and with SD (6,1,7) on every
-step; the simulator predicts each makespan from rank 0's cost model. A row per (shape, mode):
+groups of 8, on prompts whose natural responses are longer than any forced length), 2 gloo
+ranks (one thread each) each calibrate a cost model on their engine (in parallel, as they then
+run), then roll out each trace with SD off and with SD (6,1,7) on every step; the simulator
+predicts each makespan from rank 0's cost model and the run's mean acceptance. A row per (shape, mode):
 measured, predicted, error. Projection: the simulator alone, for many workers and a long trace,
 with a cost model from a calibration file (the GPU script writes one) or this machine's: a
 projection, not a measurement.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,7 +36,7 @@ CALIBRATION_BATCHES = (1, 2, 4, 8, 16, 32)
 def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     import torch.distributed as dist
 
-    from tlt_core.bench.rollout import calibration_requests
+    from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
     from tlt_core.checkpoint import load_checkpoint
     from tlt_core.cost_model import calibrate
     from tlt_core.drafter import Drafter
@@ -46,19 +46,24 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     from tlt_core.workers import WorkerGroup, rollout_round
 
     torch.set_num_threads(1)
+    tokenizer = CharTokenizer()
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=world)
     group = WorkerGroup()
     target = load_checkpoint(setup["target"]).eval()
     drafter = Drafter.load(setup["drafter"], target).eval()
     engine = RolloutEngine(target, EngineConfig(max_batch=32, max_len=600, seed=0), drafter)
-    # calibrated the way the traces run: forced lengths (stop ids ignored), 96 tokens, so the
-    # rates average over contexts like the replay's rather than over a response's first tokens
-    forced = [replace(r, params=replace(r.params, stop_ids=())) for r in calibration_requests()]
-    cost = calibrate(engine, [PLAN], CALIBRATION_BATCHES, forced, max_tokens=192)
+    # Prompts whose natural responses outlast every forced length (57+ countdown steps: about
+    # 400 tokens before <eos>), so a forced length cuts a response short and never runs past
+    # its end into text no drafter was trained on. Calibrated on the same kind of prompts, to
+    # 192 tokens, so the rates average over contexts like the replay's.
+    long_prompts = [tuple(tokenizer.prompt_ids(p.prompt)) for p in generate_problems(
+        TaskConfig(seed=31, num_problems=12, min_steps=57, max_steps=63))]
+    calibration = replay_requests([192] * 4, long_prompts[8:], group_size=1)
+    cost = calibrate(engine, [PLAN], CALIBRATION_BATCHES, calibration, max_tokens=192)
     if rank == 0:
         save_calibration(cost, setup["calibration"], "cpu")
-    prompts = [r.prompt_ids for r in calibration_requests(8, seed=31)]
+    prompts = long_prompts[:8]
     rows, round_id = [], 0
     for shape, params in SHAPES.items():
         lengths = sample_lengths(count=64, seed=7, max_length=400, **params)
