@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--train-s-per-token", type=float,
                           help="training seconds per generated token, for the projection's "
                                "end-to-end speedup")
+    simulate.add_argument("--rollout-share", type=float,
+                          help="the rollout's share of an SD-off step (e.g. 0.85, what TLT's "
+                               "paper reports for production traces), for an end-to-end speedup")
 
     peers = bench_kinds.add_parser(
         "peers", help="our SD vs HF assisted decoding, our GRPO vs TRL GRPO, on the same work",
@@ -332,7 +335,8 @@ def run_bench_simulate(args: argparse.Namespace) -> int:
         cost, source = result.pop("cost_model"), "this machine (2 ranks, 1 thread each)"
     result.pop("cost_model", None)
     projection = bench_simulate.project(cost, workers=args.workers,
-                                        train_s_per_token=args.train_s_per_token)
+                                        train_s_per_token=args.train_s_per_token,
+                                        rollout_share=args.rollout_share)
     projection["cost_model"] = source
     result["projection"] = projection
     print(f"PROJECTION (simulated, not measured; cost model: {source}): "

@@ -120,7 +120,8 @@ def validate(target_folder: Path, drafter_folder: Path, reps: int = 3) -> dict:
 
 def project(cost, *, workers: int = 64, prompts: int = 256, group_size: int = 8,
             max_batch: int = 32, median: float = 1024, sigma: float = 0.8,
-            max_length: int = 8192, train_s_per_token: float | None = None) -> dict:
+            max_length: int = 8192, train_s_per_token: float | None = None,
+            rollout_share: float | None = None) -> dict:
     """The simulator on a large run: SD off vs the adaptive choice. The trace is an assumed
     reasoning-RL shape scaled down to keep the simulation quick (lognormal, median 1024 tokens,
     p99 / median = exp(2.326 x 0.8) = 6.4, capped at 8192), not a published one."""
@@ -144,6 +145,12 @@ def project(cost, *, workers: int = 64, prompts: int = 256, group_size: int = 8,
     if train_s_per_token is not None:
         train = train_s_per_token * sum(lengths) / workers
         out["end_to_end_speedup"] = (off.makespan_s + train) / (tlt.makespan_s + train)
+    if rollout_share is not None:  # the rollout's share of an SD-off step sets the training time
+        if not 0 < rollout_share <= 1:
+            raise ValueError(f"rollout_share: must be in (0, 1], got {rollout_share}")
+        train = off.makespan_s * (1 - rollout_share) / rollout_share
+        out["rollout_share"] = rollout_share
+        out["end_to_end_speedup_at_share"] = (off.makespan_s + train) / (tlt.makespan_s + train)
     return out
 
 
