@@ -10,7 +10,11 @@
 # OUT_DIR/gpu_tests.log     their console output
 # OUT_DIR/kernels_cuda.json `tlt bench kernels --device cuda --baseline cpu_fused` rows
 # OUT_DIR/nvml_trace_h200.json  an NVML utilization trace for tests/test_idle.py
-# TLT_GPU_KERNEL_BENCH=0 skips the kernel benchmark.
+# OUT_DIR/calibration_cuda.json, rollout_cuda.json, projection_cuda.json  bench/gpu_rollout.py:
+#                           the cost model, `tlt bench rollout` (graph-pool study included) and
+#                           the simulator's projection on this GPU; needs the warm embedded
+#                           model and drafter carried in $TLT_CACHE_DIR (skipped without them)
+# TLT_GPU_KERNEL_BENCH=0 skips the kernel benchmark; TLT_GPU_ROLLOUT=0 the rollout stage.
 set -euo pipefail
 OUT_DIR="$(mkdir -p "${1:?usage: bash bench/gpu_check.sh OUT_DIR}" && cd "$1" && pwd)"
 cd "$(dirname "$0")/.."
@@ -38,7 +42,10 @@ export TLT_NVML_TRACE="$OUT_DIR/nvml_trace_h200.json"
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_arrays_and_random.py \
   tests/test_gpu_engine.py tests/test_idle.py tests/test_graph_pool.py \
   --junitxml="$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log" || true
-[ "${TLT_GPU_KERNEL_BENCH:-1}" = 1 ] || exit 0  # 0: tests and trace only
+if [ "${TLT_GPU_ROLLOUT:-1}" = 1 ]; then
+  "$PYTHON" bench/gpu_rollout.py "$OUT_DIR" --device cuda 2>&1 | tee "$OUT_DIR/gpu_rollout.log" || true
+fi
+[ "${TLT_GPU_KERNEL_BENCH:-1}" = 1 ] || exit 0  # 0: tests, trace and rollout only
 "$PYTHON" -m tlt_core.cli bench kernels --device cuda --baseline cpu_fused --no-progress \
   --batch "${TLT_BENCH_BATCH:-1,16,64}" --nodes "${TLT_BENCH_NODES:-32}" \
   --ops verify_tree_sampling,verify_tree_greedy,select_tree,tree_metadata,compact_kv_ \

@@ -37,6 +37,9 @@ class CostModel:
     # mean context at which `rates` were measured. Empty: context-independent.
     context_slope: dict[tuple[int, str], float] = field(default_factory=dict)
     context_mean: dict[tuple[int, str], float] = field(default_factory=dict)
+    # the longest mean context the fit saw: longer contexts are held at it (a line fitted over
+    # tens of tokens is not extrapolated to thousands)
+    context_max: dict[tuple[int, str], float] = field(default_factory=dict)
 
     @property
     def batches(self) -> list[int]:
@@ -63,6 +66,7 @@ class CostModel:
         if context is None or (batch, key) not in self.context_slope:
             return rate
         emitted = batch * (1.0 if key == "plain" else self.acceptance.get(key, 1.0))
+        context = min(context, self.context_max.get((batch, key), context))
         seconds = emitted / rate + self.context_slope[(batch, key)] * (
             context - self.context_mean[(batch, key)])
         return emitted / max(seconds, 0.1 * emitted / rate)  # a steep fit never goes below 10%
@@ -91,7 +95,7 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
         raise ValueError(f"batches: need sizes in [1, max_batch={engine.config.max_batch}]")
     if not calibration_requests:
         raise ValueError("calibration_requests: need at least one request to calibrate on")
-    rates, emitted, slopes, means = {}, {}, {}, {}
+    rates, emitted, slopes, means, longest = {}, {}, {}, {}, {}
     kept = engine.model_free  # the workload's history: calibration neither reads nor adds to it
     try:
         for batch in batches:
@@ -108,7 +112,7 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
                 prompt = sum(len(r.prompt_ids) for r in requests) / len(requests)
                 fit = recorder.context_fit(prompt)
                 if fit is not None:
-                    slopes[key], means[key] = fit
+                    slopes[key], means[key], longest[key] = fit
                 if plan is not None:
                     tokens, rows = emitted.get(str(plan), (0, 0))
                     emitted[str(plan)] = (tokens + recorder.tokens, rows + recorder.row_steps)
@@ -116,7 +120,7 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
         engine.model_free = kept
     return CostModel(rates, time.perf_counter() - start,
                      {plan: tokens / rows for plan, (tokens, rows) in emitted.items()},
-                     slopes, means)
+                     slopes, means, longest)
 
 
 class _Recorder:
@@ -139,9 +143,9 @@ class _Recorder:
             self.seconds += seconds
             self.row_steps += batch
 
-    def context_fit(self, prompt_length: float) -> tuple[float, float] | None:
+    def context_fit(self, prompt_length: float) -> tuple[float, float, float] | None:
         """Least-squares seconds-per-step against the rows' mean context: (slope, mean
-        context), or None with too few steps to fit."""
+        context, longest context), or None with too few steps to fit."""
         if len(self.steps) < 4:
             return None
         contexts = [prompt_length + done for done, _ in self.steps]
@@ -151,7 +155,7 @@ class _Recorder:
         if spread == 0:
             return None
         slope = sum((c - mean_c) * (t - mean_t) for c, t in zip(contexts, times)) / spread
-        return slope, mean_c
+        return slope, mean_c, max(contexts)
 
 
 @torch.inference_mode()

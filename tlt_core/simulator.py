@@ -132,7 +132,8 @@ def save_calibration(cost: CostModel, path: str | Path, device: str) -> None:
 
     Path(path).write_text(json.dumps({
         "device": device, "rates": flat(cost.rates), "acceptance": cost.acceptance,
-        "context_slope": flat(cost.context_slope), "context_mean": flat(cost.context_mean)},
+        "context_slope": flat(cost.context_slope), "context_mean": flat(cost.context_mean),
+        "context_max": flat(cost.context_max)},
         indent=1) + "\n")
 
 
@@ -145,6 +146,7 @@ def load_calibration(path: str | Path) -> CostModel:
     try:
         return CostModel(table(data["rates"]), acceptance=dict(data.get("acceptance", {})),
                          context_slope=table(data.get("context_slope", {})),
-                         context_mean=table(data.get("context_mean", {})))
+                         context_mean=table(data.get("context_mean", {})),
+                         context_max=table(data.get("context_max", {})))
     except (KeyError, ValueError, IndexError, AttributeError) as error:
         raise ValueError(f"calibration: {path} is not a calibration file ({error})") from None
