@@ -23,3 +23,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The tiny sharp target of tests/speculative_fixtures.py (a module may define its own)."""
+    from tests.speculative_fixtures import tiny_target
+
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    """A drafter briefly trained on `target`'s greedy continuations."""
+    from tests.speculative_fixtures import train_drafter
+
+    return train_drafter(target)

@@ -4,7 +4,7 @@ outputs unchanged, state through a checkpoint."""
 import pytest
 import torch
 
-from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
+from tests.speculative_fixtures import PROMPTS
 from tlt_core.adaptive import AdaptivePolicy
 from tlt_core.bandit import StrategyBandit
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
@@ -13,16 +13,6 @@ from tlt_core.sd_switch import SDSwitch
 from tlt_core.speculative import Strategy
 
 PLANS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(3, 2, 6), ModelFree(6))
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return train_drafter(target)
 
 
 def test_switch_does_not_flap_on_an_oscillating_batch():

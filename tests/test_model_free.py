@@ -3,20 +3,10 @@ outputs with model-free drafts: test_speculative's distribution test.)"""
 
 import pytest
 
-from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
+from tests.speculative_fixtures import PROMPTS
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.model_free import ModelFree, SuffixDrafts
 from tlt_core.speculative import Strategy
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return train_drafter(target)
 
 
 def test_proposals_come_from_siblings_and_history_deterministically():
