@@ -128,10 +128,13 @@ class GRPOTrainer:
         max_len = max(len(p.ids) for p in self.prompts) + config.max_new_tokens
         engine_config = EngineConfig(max_batch=config.max_batch, max_len=max_len, seed=config.seed)
         self.drafter = drafter if config.tlt else None
-        self.harvest = HarvestBuffer(max_bytes=64 << 20) if self.drafter is not None else None
+        # Spot training needs a rank that went idle while others still decode: with one rank
+        # there is none, so harvesting would only cost the rollout time.
+        spot = self.drafter is not None and self.group.world_size > 1
+        self.harvest = HarvestBuffer(max_bytes=64 << 20) if spot else None
         self.engine = RolloutEngine(policy, engine_config, self.drafter, self.harvest)
         self.spot = (SpotTrainer(self.drafter, self.harvest, SpotConfig(seed=config.seed))
-                     if self.drafter is not None else None)
+                     if spot else None)
         self.watchdog = DrafterWatchdog(self.drafter) if self.drafter is not None else None
         self.adaptive = None
         if config.tlt:
@@ -271,7 +274,8 @@ class GRPOTrainer:
             state["reference"] = self.reference.state_dict()
         if self.drafter is not None:
             state["drafter"] = self.drafter.state_dict()
-            state["spot"] = self.spot.state_dict()
+            if self.spot is not None:
+                state["spot"] = self.spot.state_dict()
             state["watchdog_version"] = self.watchdog.version
         if self.adaptive is not None:
             state["adaptive"] = self.adaptive.state_dict()
@@ -290,7 +294,8 @@ class GRPOTrainer:
             self.reference.load_state_dict(state["reference"])
         if self.drafter is not None and "drafter" in state:
             self.drafter.load_state_dict(state["drafter"])
-            self.spot.load_state_dict(state["spot"])
+            if self.spot is not None and "spot" in state:
+                self.spot.load_state_dict(state["spot"])
             self.watchdog.version = int(state["watchdog_version"])
         if self.adaptive is not None and "adaptive" in state:
             self.adaptive.load_state_dict(state["adaptive"])
