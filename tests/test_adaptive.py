@@ -99,12 +99,12 @@ def test_a_drafterless_engine_adapts_over_model_free_plans_only(target):
 
 
 def test_rollout_benchmark_workloads_are_long_tailed_and_equal():
-    from tlt_core.bench.rollout import _tail_s, workloads
-    from tlt_core.engine import RolloutResult
+    from tlt_core.bench.rollout import workloads
+    from tlt_core.engine import seconds_at_or_below
 
     loads = workloads()
     assert {k: len(v) for k, v in loads.items()} == {"long_tail": 64, "no_tail": 64}
     prompts = {name: list(dict.fromkeys(r.prompt_ids for r in reqs)) for name, reqs in loads.items()}
     assert len(prompts["long_tail"]) == len(prompts["no_tail"]) == 8
-    result = RolloutResult([], torch.tensor([1.0, 2.0, 4.0]), torch.tensor([64, 8, 4]), 4.0, 3)
-    assert _tail_s(result, threshold=8) == 3.0  # the steps at batch 8 and 4: 1 s + 2 s
+    # steps ending at 1, 2, 4 s with 64, 8, 4 rows: the tail at <= 8 rows is 1 s + 2 s
+    assert seconds_at_or_below([1.0, 2.0, 4.0], [64, 8, 4], limit=8) == 3.0

@@ -124,6 +124,15 @@ class RolloutResult:
         return sum(s.emitted for s in self.spec_steps) / rows if rows else None
 
 
+def seconds_at_or_below(trace_time_s: Sequence[float], trace_running: Sequence[int],
+                        limit: float) -> float:
+    """Time a rollout spent in steps whose running batch was at most limit (its tail), from a
+    RolloutResult's trace: end time of each decode step, and the rows running during it."""
+    starts = [0.0] + list(trace_time_s[:-1])
+    return sum(end - start for start, end, batch in zip(starts, trace_time_s, trace_running)
+               if batch <= limit)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_batch: int = 32  # cache rows: the most samples decoding at once

@@ -37,7 +37,8 @@ from typing import Callable, Sequence
 import torch
 
 from tlt_core.adaptive import DEFAULT_PLANS, AdaptivePolicy
-from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams, sample_seed
+from tlt_core.engine import (EngineConfig, Request, RolloutEngine, SamplingParams, sample_seed,
+                             seconds_at_or_below)
 from tlt_core.grpo import group_advantages, ppo_clip_loss, response_logprobs
 from tlt_core.harvest import HarvestBuffer
 from tlt_core.model_free import ModelFree
@@ -183,7 +184,8 @@ class GRPOTrainer:
             "reward_std": float(rewards.std(unbiased=False)),
             "step_s": time.perf_counter() - start, "rollout_s": rollout_s, "train_s": train_s,
             "rollout_share": rollout_s / (time.perf_counter() - start),
-            "tail_s": _tail_seconds(stats.trace_time_s, stats.trace_running),
+            "tail_s": seconds_at_or_below(stats.trace_time_s, stats.trace_running,
+                                          TAIL_FRACTION * max(stats.trace_running, default=0)),
             "acceptance_length": stats.acceptance_length,
             "sd_on_share": stats.sd_on_share,
             "drafter_version": self.watchdog.version if self.watchdog else None,
@@ -334,14 +336,6 @@ def _pack(rollouts, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
         old[b, :len(r.tokens)] = r.logprobs
     lengths = torch.tensor([len(r.prompt_ids) for r in rollouts])
     return sequences.to(device), lengths.to(device), mask.to(device), old.to(device)
-
-
-def _tail_seconds(times: list[float], running: list[int]) -> float:
-    if not running:
-        return 0.0
-    limit = TAIL_FRACTION * max(running)
-    starts = [0.0] + list(times[:-1])
-    return sum(end - begin for begin, end, batch in zip(starts, times, running) if batch <= limit)
 
 
 def write_metrics(path: Path, metrics: dict) -> None:

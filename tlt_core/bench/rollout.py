@@ -31,7 +31,8 @@ from dataclasses import replace
 import torch
 
 from tlt_core.adaptive import DEFAULT_PLANS, AdaptivePolicy
-from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.engine import (EngineConfig, Request, RolloutEngine, SamplingParams,
+                             seconds_at_or_below)
 from tlt_core.model_free import ModelFree
 from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
 
@@ -57,12 +58,6 @@ def calibration_requests(count: int = 4, seed: int = 77) -> list[Request]:
     params = SamplingParams(temperature=1.0, max_tokens=16, stop_ids=(tokenizer.eos_id,))
     return [Request(tokenizer.prompt_ids(p.prompt), params)
             for p in generate_problems(TaskConfig(seed=seed, num_problems=count))]
-
-
-def _tail_s(result, threshold: int) -> float:
-    times = [0.0] + result.trace_time_s.tolist()
-    return sum(end - start for start, end, batch in
-               zip(times, times[1:], result.trace_running.tolist()) if batch <= threshold)
 
 
 def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
@@ -103,7 +98,9 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
             rows.append({
                 "workload": workload, "mode": mode, "makespan_s": makespan[mode],
                 "tok_s": tokens / makespan[mode],
-                "tail_s": statistics.median(_tail_s(r, threshold) for r in runs),
+                "tail_s": statistics.median(
+                    seconds_at_or_below(r.trace_time_s.tolist(), r.trace_running.tolist(),
+                                        threshold) for r in runs),
                 "acceptance_length": statistics.mean(acceptance) if acceptance else None,
                 "speedup_vs_off": makespan["off"] / makespan[mode],
                 "tokens": tokens, "ideal_makespan_s": tokens / saturated,
