@@ -179,11 +179,12 @@ class GRPOTrainer:
             if refreshed:
                 self.watchdog.publish()
         lengths = [len(r.tokens) for r in rollouts]
+        step_s = time.perf_counter() - start
         metrics = {
             "step": step, "reward": float(rewards.mean()),
             "reward_std": float(rewards.std(unbiased=False)),
-            "step_s": time.perf_counter() - start, "rollout_s": rollout_s, "train_s": train_s,
-            "rollout_share": rollout_s / (time.perf_counter() - start),
+            "step_s": step_s, "rollout_s": rollout_s, "train_s": train_s,
+            "rollout_share": rollout_s / step_s,
             "tail_s": seconds_at_or_below(stats.trace_time_s, stats.trace_running,
                                           TAIL_FRACTION * max(stats.trace_running, default=0)),
             "acceptance_length": stats.acceptance_length,
