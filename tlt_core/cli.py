@@ -231,6 +231,18 @@ def _embedded_target_and_drafter(progress: bool = True):
     return target, drafter
 
 
+def _embedded_folders():
+    """(warm target, its cache folder, its drafter's folder): what multi-process benchmarks hand
+    to their ranks, each trained and cached on first use."""
+    from tlt_core.drafter_training import DrafterWarmupConfig, drafter_folder
+    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
+    from tlt_core.warmup import WarmupConfig, cache_dir
+
+    target, _ = _embedded_target_and_drafter()
+    folder = cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG)
+    return target, folder, drafter_folder(folder, DrafterWarmupConfig())
+
+
 def _write_rows(path: Path | None, rows: list[dict]) -> None:
     if path is None:
         return
@@ -316,24 +328,16 @@ def run_bench_train(args: argparse.Namespace) -> int:
 
 def run_bench_simulate(args: argparse.Namespace) -> int:
     from tlt_core.bench import simulate as bench_simulate
-    from tlt_core.drafter_training import (DrafterWarmupConfig, drafter_folder,
-                                           load_or_warm_up_drafter)
-    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
     from tlt_core.simulator import load_calibration
-    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
 
-    target, _ = load_or_train()
-    target_folder = cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG)
-    load_or_warm_up_drafter(target.eval(), target_folder)
-    result = bench_simulate.validate(target_folder, drafter_folder(target_folder,
-                                                                   DrafterWarmupConfig()),
-                                     reps=args.reps)
+    target, target_folder, drafter_path = _embedded_folders()
+    result = bench_simulate.validate(target_folder, drafter_path, reps=args.reps)
     print(bench_simulate.format_table(result))
+    measured = result.pop("cost_model")  # not JSON; the calibration is in result already
     if args.calibration is not None:
         cost, source = load_calibration(args.calibration), str(args.calibration)
     else:
-        cost, source = result.pop("cost_model"), "this machine (2 ranks, 1 thread each)"
-    result.pop("cost_model", None)
+        cost, source = measured, "this machine (2 ranks, 1 thread each)"
     projection = bench_simulate.project(cost, workers=args.workers,
                                         train_s_per_token=args.train_s_per_token,
                                         rollout_share=args.rollout_share)
@@ -363,17 +367,10 @@ def run_bench_peers(args: argparse.Namespace) -> int:
 
 def run_bench_drafter(args: argparse.Namespace) -> int:
     from tlt_core.bench import drafter as bench_drafter
-    from tlt_core.drafter_training import (DrafterWarmupConfig, drafter_folder,
-                                           load_or_warm_up_drafter)
-    from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
-    from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
 
-    target, _ = load_or_train()
-    target_folder = cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG)
-    load_or_warm_up_drafter(target, target_folder)  # trained and cached on first use
-    result = bench_drafter.run(target, drafter_folder(target_folder, DrafterWarmupConfig()),
-                               target_folder, rounds=args.rounds, world=args.world,
-                               requests=args.requests, group_size=args.group_size,
+    target, target_folder, drafter_path = _embedded_folders()
+    result = bench_drafter.run(target, drafter_path, target_folder, rounds=args.rounds,
+                               world=args.world, requests=args.requests, group_size=args.group_size,
                                steps_per_round=args.steps_per_round,
                                extra_steps=args.extra_steps)
     print(bench_drafter.format_table(result))

@@ -6,8 +6,9 @@ copies of a few workload prompts with that plan on every step, and times each st
 engine's observe hook (so drafting, verification, the accept phase and the Python around them
 are all in the number), keeping the steps at which all B rows were still running. Emitted
 tokens include the acceptance each plan achieved on those prompts. Measured, not modelled from
-components: on a small model per-op overhead dominates and a component sum underestimates a
-speculative step by up to 2x (we tried).
+components: on a small model the per-op overhead around the components (the accept phase, the
+Python between kernels) is a large share of a step, and a sum of component timings leaves it
+out.
 
 `rate(B, plan)` is the bandit's prior (interpolated between calibrated batches);
 `threshold(plans)` the largest calibrated batch at which some plan beats plain decoding by

@@ -674,14 +674,14 @@ class RolloutEngine:
                 if self._backlog_tokens is not None:
                     self._backlog_tokens[row] = self._backlog_tokens[last]
                     self._backlog_features[row] = self._backlog_features[last]
-            self._backlog_len[row] = self._backlog_len[last]
+                self._backlog_len[row] = self._backlog_len[last]
             self.rows.move(last, row)
             running[row] = running[last]
         running.pop()
         self.cache.lengths[last] = 0
-        self._backlog_len[last] = 0
         if self._drafting:
             self.draft_cache.lengths[last] = 0
+            self._backlog_len[last] = 0
         finished.append(rollout)
         if self.harvest is not None:
             start = time.perf_counter()
