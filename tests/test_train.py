@@ -71,6 +71,19 @@ def test_resume_equals_uninterrupted(tmp_path):
         resumed.resume(tmp_path / "missing.pt")
 
 
+def test_micro_batches_give_the_same_update():
+    """Splitting a mini-batch into micro-batches (gradients accumulated) changes the padding,
+    not the update."""
+    whole = make(small(steps=2, micro_batch_tokens=10**6))
+    split = make(small(steps=2, micro_batch_tokens=16))  # a sequence or two per micro-batch
+    for _ in range(2):
+        a, b = whole.step(), split.step()
+        assert a["response_lengths"] == b["response_lengths"]
+        assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4
+    for x, y in zip(whole.policy.parameters(), split.policy.parameters()):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
 def test_tlt_rollout_logprobs_match_and_drafter_state_is_checkpointed(tmp_path):
     target = tiny_target()  # sharp: the drafter is good, the watchdog keeps SD on
     drafter = train_drafter(target)
@@ -93,7 +106,7 @@ def _rank_main(rank, world, rendezvous, out):
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=world)
     torch.set_num_threads(1)
-    trainer = make(small(steps=2))
+    trainer = make(small(steps=2, micro_batch_tokens=16))  # ranks run unequal micro-batch counts
     for _ in range(2):
         trainer.step()
     if rank == 0:
@@ -111,7 +124,7 @@ def test_two_ranks_equal_one_rank(tmp_path):
     out = tmp_path / "rank0.json"
     mp.spawn(_rank_main, args=(2, str(tmp_path / "rendezvous"), str(out)), nprocs=2, join=True)
     got = json.loads(out.read_text())
-    single = make(small(steps=2))
+    single = make(small(steps=2, micro_batch_tokens=16))
     for _ in range(2):
         single.step()
     assert got["rewards"] == [m["reward"] for m in single.state.history]
@@ -122,7 +135,9 @@ def test_two_ranks_equal_one_rank(tmp_path):
 
 def test_bad_config_is_named():
     for bad, name in ((dict(steps=0), "steps"), (dict(lr=-1.0), "lr"),
-                      (dict(clip_eps=1.5), "clip_eps"), (dict(samples_per_prompt=1), "samples"),
+                      (dict(clip_eps=1.5), "clip_eps"),
+                      (dict(micro_batch_tokens=0), "micro_batch_tokens"),
+                      (dict(samples_per_prompt=1), "samples"),
                       (dict(kl_coef=float("nan")), "kl_coef")):
         with pytest.raises(ValueError, match=name):
             small(**bad)

@@ -11,8 +11,10 @@ One step:
 3. PPO-clip updates over mini-batches of `minibatch_size` sequences: rank r computes the loss of
    the mini-batch's sequences j with j mod world == r, normalized by the mini-batch's global
    token count, and DistributedDataParallel sums the gradients (it averages, so the loss is
-   scaled by the world size): the update is the same for any number of ranks. Gradient
-   clipping, AdamW. The first mini-batch's log-probs, before any update, are compared with the
+   scaled by the world size): the update is the same for any number of ranks. A rank's share
+   runs as length-sorted micro-batches of at most `micro_batch_tokens` padded tokens whose
+   gradients accumulate (the long tail would otherwise pad every short sequence to its length:
+   padding was a third to a half of the tokens computed). Gradient clipping, AdamW. The first mini-batch's log-probs, before any update, are compared with the
    rollout's: `logprob_gap` (it must be ~0; SD is lossless).
 4. The engine reads the policy's weights directly (its packed copy is rebuilt when they change),
    the drafter replicas are refreshed (step-weighted average) and the watchdog judges them.
@@ -26,6 +28,7 @@ on measured step times, so the samples differ run to run (their distribution doe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -61,6 +64,7 @@ class TrainConfig:
     clip_eps: float = 0.2
     kl_coef: float = 0.0  # > 0: a frozen reference and the k3 KL penalty
     minibatch_size: int = 32  # sequences per optimizer step
+    micro_batch_tokens: int = 2048  # padded tokens per forward/backward within a mini-batch
     ppo_epochs: int = 1
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -70,7 +74,7 @@ class TrainConfig:
 
     def __post_init__(self):
         positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
-                    "minibatch_size", "ppo_epochs", "max_batch")
+                    "minibatch_size", "micro_batch_tokens", "ppo_epochs", "max_batch")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -212,38 +216,48 @@ class GRPOTrainer:
         random.Random(f"{config.seed}/{self.state.step}/minibatches").shuffle(batches)
         model = self._ddp if self._ddp is not None else self.policy
         self.policy.train()
-        parts, gaps = [], []
+        parts, gaps, norms = [], [], []
         for epoch in range(config.ppo_epochs):
             for number, batch in enumerate(batches):
                 mine = [j for k, j in enumerate(batch) if k % group.world_size == group.rank]
                 total_tokens = sum(len(rollouts[j].tokens) for j in batch)
-                seqs, lengths, mask, old = _pack([rollouts[j] for j in mine], device)
-                logp = response_logprobs(model, seqs, lengths, mask, config.temperature)
-                if epoch == 0 and number == 0:  # before any update: the rollout's own policy
-                    gaps.append(float(((logp.detach() - old) * mask).abs().max()))
-                ref = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref = response_logprobs(self.reference, seqs, lengths, mask,
-                                                config.temperature)
-                local_tokens = float(mask.sum())
-                part = ppo_clip_loss(logp, old, advantages[mine].to(device), mask, config.clip_eps,
-                                     ref, config.kl_coef)
-                # mean over this rank's tokens -> share of the global mini-batch's mean; DDP
-                # averages over ranks, hence the world size
-                scale = local_tokens / max(total_tokens, 1) * group.world_size
+                micros = _micro_batches([rollouts[j] for j in mine], config.micro_batch_tokens)
                 self.optimizer.zero_grad(set_to_none=True)
-                (part.loss * scale).backward()
+                for index, micro in enumerate(micros):
+                    micro_rollouts = [rollouts[mine[i]] for i in micro]
+                    seqs, lengths, mask, old = _pack(micro_rollouts, device)
+                    # DDP reduces the gradients once per mini-batch, at the rank's last micro-
+                    # batch: ranks may run different numbers of them
+                    last = index == len(micros) - 1
+                    with contextlib.nullcontext() if last or self._ddp is None else \
+                            self._ddp.no_sync():
+                        logp = response_logprobs(model, seqs, lengths, mask, config.temperature)
+                        if epoch == 0 and number == 0:  # before any update: the rollout's policy
+                            gaps.append(float(((logp.detach() - old) * mask).abs().max()))
+                        ref = None
+                        if self.reference is not None:
+                            with torch.no_grad():
+                                ref = response_logprobs(self.reference, seqs, lengths, mask,
+                                                        config.temperature)
+                        local_tokens = float(mask.sum())
+                        part = ppo_clip_loss(logp, old, advantages[[mine[i] for i in micro]]
+                                             .to(device), mask, config.clip_eps, ref,
+                                             config.kl_coef)
+                        # mean over the micro-batch's tokens -> its share of the global mini-
+                        # batch's mean; DDP averages over ranks, hence the world size
+                        scale = local_tokens / max(total_tokens, 1) * group.world_size
+                        (part.loss * scale).backward()
+                    parts.append((part, local_tokens))
                 norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(),
                                                       config.max_grad_norm)
                 self.optimizer.step()
-                parts.append((part, float(norm), local_tokens))
+                norms.append(float(norm))
         self.policy.eval()
-        weight = sum(t for _, _, t in parts) or 1.0
-        return {"loss": sum(p.policy_loss * t for p, _, t in parts) / weight,
-                "kl": sum(p.kl * t for p, _, t in parts) / weight,
-                "clip_fraction": sum(p.clip_fraction * t for p, _, t in parts) / weight,
-                "grad_norm": max(n for _, n, _ in parts),
+        weight = sum(t for _, t in parts) or 1.0
+        return {"loss": sum(p.policy_loss * t for p, t in parts) / weight,
+                "kl": sum(p.kl * t for p, t in parts) / weight,
+                "clip_fraction": sum(p.clip_fraction * t for p, t in parts) / weight,
+                "grad_norm": max(norms),
                 "logprob_gap": max(gaps) if gaps else 0.0}
 
     # ---- inputs --------------------------------------------------------------------------
@@ -321,6 +335,22 @@ class GRPOTrainer:
         if not path.is_file():
             raise FileNotFoundError(f"resume: no checkpoint at {path}")
         self.load_state_dict(torch.load(path, weights_only=False))
+
+
+def _micro_batches(rollouts, budget: int) -> list[list[int]]:
+    """Indices of rollouts split into consecutive groups in order of total length, each at most
+    `budget` padded tokens (a longer sequence goes alone)."""
+    order = sorted(range(len(rollouts)),
+                   key=lambda i: len(rollouts[i].prompt_ids) + len(rollouts[i].tokens))
+    micros, current, width = [], [], 0
+    for i in order:
+        length = len(rollouts[i].prompt_ids) + len(rollouts[i].tokens)
+        if current and (len(current) + 1) * max(width, length) > budget:
+            micros.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, length)
+    return micros + [current] if current else micros
 
 
 def _pack(rollouts, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -25,6 +25,8 @@ _HELP = {
     "clip_eps": "PPO clip range: ratios outside [1 - eps, 1 + eps] stop the gradient",
     "kl_coef": "KL penalty to the frozen initial policy (k3 estimator); 0 turns it off",
     "minibatch_size": "sequences per optimizer step",
+    "micro_batch_tokens": "padded tokens per forward/backward (a mini-batch runs as length-"
+                          "sorted micro-batches under this budget; same update, less padding)",
     "ppo_epochs": "passes over the step's rollouts",
     "max_grad_norm": "gradient clipping norm",
     "seed": "seed of prompts, sampling and mini-batches",
