@@ -198,7 +198,8 @@ def test_caches_after_acceptance_equal_rebuilt_caches(target, drafters):
         with torch.no_grad():
             out = target(ids, torch.arange(n)[None], truth.cache, hidden_layers=[-1])
             following = torch.tensor([sequence[1:] + [sample.tokens[-1]]])
-            drafter(following, out.hidden_states[0], torch.arange(n)[None], truth.draft_cache)
+            drafter(following, drafter.features([out.hidden_states[0]]), torch.arange(n)[None],
+                    truth.draft_cache)
         assert (engine.cache.data[:, :, row, :, :n] - truth.cache.data[:, :, 0, :, :n]).abs().max() < 1e-4
         assert (engine.draft_cache.data[:, :, row, :, :n]
                 - truth.draft_cache.data[:, :, 0, :, :n]).abs().max() < 1e-4
@@ -246,7 +247,7 @@ def test_eagle_loss_pairs_tokens_with_their_own_positions(target, drafters, monk
 
     def oracle(tokens, features, positions, cache=None, **_):
         seen.update(tokens=tokens, features=features, positions=positions)
-        return batch.last_hidden[:, 1:]  # exactly the target's hidden state at t + 1
+        return drafter.feature_target(batch.last_hidden[:, 1:])  # exactly the target at t + 1
 
     monkeypatch.setattr(drafter, "forward", oracle)
     with torch.no_grad():
@@ -254,7 +255,8 @@ def test_eagle_loss_pairs_tokens_with_their_own_positions(target, drafters, monk
     for b, record in enumerate(records):
         n = record.tokens.shape[0]
         assert torch.equal(seen["tokens"][b, :n - 1], record.tokens[1:])  # x_{t+1}
-        assert torch.equal(seen["features"][b, :n - 1], record.features[:n - 1, 0])  # f_t
+        assert torch.equal(seen["features"][b, :n - 1],
+                           drafter.features([record.features[:n - 1, 0]]))  # f_t
         assert torch.equal(seen["positions"][b, :n - 1], torch.arange(n - 1))  # t
     assert metrics["regression"] == 0.0 and metrics["top1"] == 1.0
 

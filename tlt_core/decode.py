@@ -44,7 +44,9 @@ class PackedLayer:
     down: torch.Tensor  # (I, H)
     qk_norm: torch.Tensor | None  # (H_q + H_kv, d): q_norm's weight per q head, k_norm's per k head
     # None when folded into qkv / gate_up (float32 weights); else the layer's own RMSNorm, which
-    # normalises in float32 whatever the weights' dtype, as transformers does.
+    # normalises in float32 whatever the weights' dtype, as transformers does. A layer without
+    # an input norm (nn.Identity: the EAGLE-1 drafter) keeps its Identity here: no
+    # normalisation at all.
     input_norm: nn.Module | None
     post_attention_norm: nn.Module | None
 
@@ -52,8 +54,9 @@ class PackedLayer:
 def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int) -> PackedLayer:
     attn, mlp = layer.self_attn, layer.mlp
     fold = attn.q_proj.weight.dtype == torch.float32
+    no_input_norm = isinstance(layer.input_layernorm, nn.Identity)
     # rms_norm(x) * w @ W.T == (x * rsqrt(...)) @ (W * w).T: the norm's weight scales W's inputs
-    input_scale = layer.input_layernorm.weight if fold else 1.0
+    input_scale = layer.input_layernorm.weight if fold and not no_input_norm else 1.0
     post_scale = layer.post_attention_layernorm.weight if fold else 1.0
     qkv = (torch.cat((attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight))
            * input_scale).t()
@@ -70,7 +73,7 @@ def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int) -> PackedLa
         gate_up=(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)) * post_scale
                  ).t().contiguous(),
         down=mlp.down_proj.weight.t().contiguous(), qk_norm=qk_norm,
-        input_norm=None if fold else layer.input_layernorm,
+        input_norm=layer.input_layernorm if no_input_norm or not fold else None,
         post_attention_norm=None if fold else layer.post_attention_layernorm)
 
 
@@ -193,7 +196,8 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
 
 
 def _norm(h: torch.Tensor, norm: nn.Module | None, eps: torch.Tensor) -> torch.Tensor:
-    """RMSNorm of h (B T, H); without its weight when that is folded (norm None)."""
+    """RMSNorm of h (B T, H); without its weight when that is folded (norm None); `norm`
+    itself when given (the layer's RMSNorm, or an Identity: no norm)."""
     if norm is not None:
         return norm.forward(h)
     size = torch.linalg.vector_norm(h, dim=-1, keepdim=True)  # (B T, 1) |h|

@@ -9,6 +9,20 @@ EAGLE-3 style fusion: with `feature_layers` naming several target layers (e.g. l
 high), f_t is the concatenation of their outputs, reduced to H by a `fuse` linear first; the
 drafter's own outputs are already H wide and skip it.
 
+Two forms of the same drafter (`DrafterConfig.form`), differing only in where the target's final
+norm sits:
+- "tlt": f_t is the last layer's output BEFORE the final norm; the decoder layer
+  normalises its input (input_layernorm); logits = lm_head(final_norm(f')). f' regresses onto
+  the target's pre-norm hidden state.
+- "eagle": EAGLE-1 as serving engines run it (SafeAILab/EAGLE cnets.py, SGLang's
+  LlamaForCausalLMEagle, the speculators library's EagleSpeculator): f_t is the hidden state
+  AFTER the final norm (what the LM head sees); the layer has no input norm (identity);
+  logits = lm_head(f'), no norm. f' regresses onto the target's normed hidden state. Only this
+  form has an exact serving representation (tlt_core.export); it needs feature_layers (-1,).
+The default is "eagle" for a drafter that reads the last layer alone (it also drafted better:
+acceptance 5.6-5.8 against 4.4-4.9 for "tlt" on the embedded model, same training budget), and
+"tlt" for several feature layers (EAGLE-3 style fusion, which only form "tlt" has).
+
 The embedding, final norm and LM head are the target's own tensors, used detached: they are
 never copied into the drafter, never receive gradients and are never written (the drafter holds
 the target outside its module tree, so its state_dict, parameters() and .to() never include
@@ -40,13 +54,19 @@ from tlt_core.model import DecoderLayer, Transformer
 
 DRAFTER_CONFIG_FILE = "drafter_config.json"
 DRAFTER_WEIGHTS_FILE = "drafter.safetensors"
+FORMS = ("tlt", "eagle")  # DrafterConfig.form
 
 
 @dataclass(frozen=True)
 class DrafterConfig:
     # Target layers whose outputs form the feature f_t: (-1,) is EAGLE-1/2 (the last layer's
-    # output, before the final norm); several layers is EAGLE-3 style fusion.
+    # output); several layers is EAGLE-3 style fusion.
     feature_layers: tuple[int, ...] = (-1,)
+    # Where the target's final norm sits (module docstring): "tlt" (pre-norm features, the
+    # layer's own input norm, final norm before the head) or "eagle" (normed features, no input
+    # norm, no norm before the head; exportable to SGLang and speculators). None: "eagle" for
+    # feature_layers (-1,), "tlt" for several layers.
+    form: str | None = None
 
     def __post_init__(self):
         layers = tuple(int(i) for i in self.feature_layers)
@@ -54,6 +74,14 @@ class DrafterConfig:
             raise ValueError(f"feature_layers: need one or more distinct layer indices, got "
                              f"{self.feature_layers!r}")
         object.__setattr__(self, "feature_layers", layers)
+        if self.form is None:
+            object.__setattr__(self, "form", "eagle" if layers == (-1,) else "tlt")
+        if self.form not in FORMS:
+            raise ValueError(f"form: expected one of {FORMS}, got {self.form!r}")
+        if self.form == "eagle" and layers != (-1,):
+            raise ValueError(f"feature_layers: form 'eagle' reads the target's last layer only "
+                             f"(feature_layers=(-1,)), as EAGLE-1 does; got {layers}. Use form "
+                             "'tlt' for EAGLE-3 style fusion")
 
 
 class Drafter(nn.Module):
@@ -71,6 +99,8 @@ class Drafter(nn.Module):
         self.fuse = nn.Linear(width * hidden, hidden, bias=False) if width > 1 else None
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
         self.layer = DecoderLayer(target.config)
+        if config.form == "eagle":  # EAGLE-1: the layer's input is not normalised (cnets.py)
+            self.layer.input_layernorm = nn.Identity()
         self._packed = PackedLayers(lambda: [self.layer], target.config)  # for inference
         self.to(dtype=target.lm_head.weight.dtype, device=target.lm_head.weight.device)
 
@@ -87,10 +117,18 @@ class Drafter(nn.Module):
     # ---- the computation ---------------------------------------------------------------------
 
     def features(self, target_hidden: Sequence[torch.Tensor]) -> torch.Tensor:
-        """f_t (..., H) from the target's outputs at feature_layers (each (..., H), in order)."""
+        """f_t (..., H) from the target's outputs at feature_layers (each (..., H), in order;
+        the raw layer outputs, before any norm). Form "eagle" normalises them here."""
+        if self.config.form == "eagle":
+            return self._final_norm(target_hidden[0])
         if self.fuse is None:
             return target_hidden[0]
         return self.fuse(torch.cat(tuple(target_hidden), dim=-1))
+
+    def feature_target(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """What f'_{t+1} regresses onto, from the target's last-layer output (..., H) at t + 1:
+        the output itself (form "tlt") or its final norm (form "eagle", what the head sees)."""
+        return self._final_norm(last_hidden) if self.config.form == "eagle" else last_hidden
 
     def forward(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, *, tree_mask: torch.Tensor | None = None,
@@ -117,14 +155,22 @@ class Drafter(nn.Module):
         return self.layer(h, cos, sin, plan, None if cache is None else cache.layer(0))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., H) drafter outputs -> (..., V) float32 logits, through the target's final norm
-        and LM head (detached)."""
-        norm, head = self.target.model.norm, self.target.lm_head.weight.detach()
+        """(..., H) drafter outputs -> (..., V) float32 logits, through the target's LM head
+        (detached), after its final norm in form "tlt"; form "eagle" applies none (its outputs
+        predict the normed hidden state, as EAGLE-1's do)."""
+        head = self.target.lm_head.weight.detach()
+        if self.config.form == "tlt":
+            hidden = self._final_norm(hidden)
+        return F.linear(hidden, head).float()
+
+    def _final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's final RMSNorm with its weight detached: the same math as
+        tlt_core.model.RMSNorm (float32 normalisation, scale in the weights' dtype)."""
+        norm = self.target.model.norm
         if hidden.dtype == torch.float32:
-            return F.linear(F.rms_norm(hidden, (hidden.shape[-1],), norm.weight.detach(), norm.eps),
-                            head)
+            return F.rms_norm(hidden, (hidden.shape[-1],), norm.weight.detach(), norm.eps)
         normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), eps=norm.eps).to(hidden.dtype)
-        return F.linear(normed * norm.weight.detach(), head).float()
+        return norm.weight.detach() * normed
 
     # ---- checkpoints -------------------------------------------------------------------------
 
@@ -135,7 +181,8 @@ class Drafter(nn.Module):
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
         save_file(tensors, str(folder / DRAFTER_WEIGHTS_FILE))
-        record = {"drafter": {"feature_layers": list(self.config.feature_layers)},
+        record = {"drafter": {"feature_layers": list(self.config.feature_layers),
+                              "form": self.config.form},
                   "target": self.target.config.to_hf_config(), "metadata": metadata or {}}
         (folder / DRAFTER_CONFIG_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
@@ -150,7 +197,9 @@ class Drafter(nn.Module):
                 raise FileNotFoundError(f"folder: {folder} has no {path.name}; is it a drafter "
                                         "saved by Drafter.save?")
         record = json.loads(config_path.read_text())
-        config = DrafterConfig(tuple(record["drafter"]["feature_layers"]))
+        # drafters saved before forms existed are form "tlt"
+        config = DrafterConfig(tuple(record["drafter"]["feature_layers"]),
+                               record["drafter"].get("form", "tlt"))
         saved_for = record["target"]
         mine = target.config.to_hf_config()
         for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",

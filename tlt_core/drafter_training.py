@@ -5,9 +5,10 @@ the target's outputs at the drafter's feature layers plus its last layer. Record
 target pass the rollout already made (the online harvest, next issue) or, offline, from one
 pass over the target's own responses (`collect_records`). Pairing is by position, never by
 guesswork: the drafter's input at t is (f_t, x_{t+1}); its output f'_{t+1} is trained
-- to regress onto the target's last-layer hidden state at t + 1 (smooth L1), and
-- to give, through the target's (frozen) norm and LM head, the target's own distribution of
-  x_{t+2} (cross-entropy against the soft target distribution),
+- to regress onto the target's last-layer hidden state at t + 1 (smooth L1; after the final
+  norm for a form-"eagle" drafter, `Drafter.feature_target`), and
+- to give, through the drafter's logits (the target's frozen head), the target's own
+  distribution of x_{t+2} (cross-entropy against the soft target distribution),
 weighted 1.0 and 0.1 as in EAGLE. Only the drafter's own tensors are optimised; the target's
 embedding and head are used detached (tlt_core.drafter).
 
@@ -108,7 +109,7 @@ def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_
     features = drafter.features(batch.features[:, :-1].unbind(dim=2))  # (B, T-1, H): f_t
     positions = torch.arange(T - 1, device=tokens.device)[None].expand(B, T - 1)
     predicted = drafter(tokens[:, 1:], features, positions)  # (B, T-1, H): f'_{t+1}
-    truth = batch.last_hidden[:, 1:]  # (B, T-1, H): the target's hidden at t + 1
+    truth = drafter.feature_target(batch.last_hidden[:, 1:])  # (B, T-1, H): target's at t + 1
     regression = F.smooth_l1_loss(predicted[mask], truth[mask])
     logits = drafter.logits(predicted[mask])  # (P, V)
     with torch.no_grad():
@@ -147,6 +148,7 @@ class DrafterWarmupConfig:
     batch_size: int = 32
     lr: float = 3e-3
     feature_layers: tuple[int, ...] = (-1,)
+    form: str = "eagle"  # DrafterConfig.form; part of the cache key, like every field
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def warm_up_drafter(target: Transformer, config: DrafterWarmupConfig = DrafterWa
     rollouts = sample_responses(target, problems)
     records = collect_records(target, [list(r.prompt_ids) + r.tokens.tolist() for r in rollouts],
                               config.feature_layers)
-    drafter = Drafter(target, DrafterConfig(config.feature_layers))
+    drafter = Drafter(target, DrafterConfig(config.feature_layers, config.form))
     optimizer = make_optimizer(drafter, config.lr)
     order = random.Random(config.seed)
     history, start = [], time.perf_counter()
