@@ -1,5 +1,9 @@
 """The `tlt` command. Subcommands:
 
+  tlt train           GRPO with TLT on the embedded task (the main job); --compare, --model
+  tlt generate        text generation with speculative decoding: batch (--prompt, --prompts) or
+                      interactive, from the embedded model or a local checkpoint
+  tlt export drafter  a trained drafter in SGLang's EAGLE or vLLM's speculators layout
   tlt bench kernels   fused kernels vs their PyTorch reference, side by side (see
                       tlt_core.bench.kernels); --json FILE writes the rows
   tlt bench engine    the rollout engine's decoding vs Hugging Face generate
@@ -10,9 +14,12 @@
   tlt bench train     GRPO end to end: TLT vs SD off, with the reward-noise floor
   tlt bench simulate  the scale simulator, validated against 2-rank runs, and a projection
   tlt bench peers     our batch-1 SD vs Hugging Face assisted decoding, same target weights
-  tlt train           GRPO with TLT on the embedded task (the main job); --compare, --model
   tlt demo            one speculative verification step on a toy tree, explained
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
+
+Every subcommand takes `--config FILE` (TOML or YAML; tlt_core.config_file): its option values,
+below the flags given on the command line. Every option's help gives its default
+(tlt_core.cli_options.HelpFormatter). docs/cli.md has the details.
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from tlt_core.cli_options import (HelpFormatter, RawDescriptionHelpFormatter, chosen_parser,
+                                  subcommand_help, subparsers_action, walk_parsers)
+from tlt_core.config_file import ConfigError, add_config_argument, parse_args
 
 
 def _int_list(text: str) -> list[int]:
@@ -31,9 +42,11 @@ def _int_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree: every subcommand leaf gets --config FILE, every parser the
+    formatter that shows defaults, and `tlt --help` lists every leaf."""
     parser = argparse.ArgumentParser(
         prog="tlt", description="tlt_core: fused tree speculative decoding for RL rollouts.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     bench = commands.add_parser("bench", help="benchmarks, each a ratio against a baseline")
@@ -193,7 +206,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "--nproc-per-node N -m tlt_core.cli train (gloo on CPU, NCCL on GPU).")
     add_train_arguments(train)
 
-    commands.add_parser("demo", help="one verification step on a toy tree, explained")
+    from tlt_core.generate_cli import add_arguments as add_generate_arguments
+
+    generate = commands.add_parser(
+        "generate", help="text generation with speculative decoding, batch or interactive",
+        description="Generates text with speculative decoding (lossless: greedy output equals "
+                    "plain decoding's; --no-sd to compare) from the warm embedded model and "
+                    "its drafter, or a local checkpoint (--model DIR, --drafter DIR). Batch "
+                    "mode: --prompt TEXT (repeatable) and --prompts FILE. Interactive mode "
+                    "(stdin a terminal and no prompts, or --interactive): one prompt per line "
+                    "of stdin. stderr shows a live line (tokens, tokens/s, acceptance length) "
+                    "and a measured summary per engine call.")
+    add_generate_arguments(generate)
+
+    _add_export(commands)
+
+    commands.add_parser("demo", help="one verification step on a toy tree, explained",
+                        description="One speculative verification step on a toy draft tree, "
+                                    "explained step by step.")
 
     task = commands.add_parser("task", help="the embedded task")
     task_kinds = task.add_subparsers(dest="task", required=True, metavar="WHAT")
@@ -208,7 +238,31 @@ def build_parser() -> argparse.ArgumentParser:
     lengths.add_argument("--model-problems", type=int, default=512,
                          help="problems the warm model answers (0: skip the model)")
     lengths.add_argument("--plot", type=Path, metavar="PNG", help="write a histogram image")
+
+    leaves, helps = [], {}
+    for path, each in walk_parsers(parser):
+        each.formatter_class = RawDescriptionHelpFormatter if not path else HelpFormatter
+        helps.update({path + (name,): text for name, text in subcommand_help(each).items()})
+        if path and subparsers_action(each) is None:
+            leaves.append(path)
+            if "--config" not in each._option_string_actions:
+                add_config_argument(each)
+    width = max(len(" ".join(path)) for path in leaves) + 6
+    parser.epilog = "commands (tlt COMMAND --help for each one's options):\n" + "\n".join(
+        f"  {'tlt ' + ' '.join(path):<{width}}{helps.get(path, '')}" for path in leaves)
     return parser
+
+
+def _add_export(commands) -> None:
+    """`tlt export`, its arguments and runner from tlt_core.export_cli."""
+    from tlt_core.export_cli import add_arguments
+
+    export = commands.add_parser(
+        "export", help="a trained drafter in a serving engine's format (EAGLE, speculators)",
+        description="Exports artifacts for serving engines: `tlt export drafter --to "
+                    "{eagle,speculators} OUT` writes a drafter in SGLang's EAGLE or vLLM's "
+                    "speculators layout, with provenance.")
+    add_arguments(export)
 
 
 def _write_json(path: Path | None, result: dict) -> None:
@@ -401,7 +455,14 @@ def run_demo(_: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """`tlt ARGV`: parses (defaults < --config file < flags) and runs the subcommand."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    leaf = chosen_parser(parser, argv)
+    try:
+        args = parse_args(parser, argv)
+    except ConfigError as error:
+        (leaf or parser).error(str(error))
     if args.command == "bench" and args.bench == "kernels":
         return run_bench_kernels(args)
     if args.command == "bench" and args.bench == "engine":
@@ -422,6 +483,14 @@ def main(argv: list[str] | None = None) -> int:
         from tlt_core.train_cli import run_train
 
         return run_train(args)
+    if args.command == "generate":
+        from tlt_core.generate_cli import run_generate
+
+        return run_generate(args)
+    if args.command == "export":
+        from tlt_core.export_cli import run_export
+
+        return run_export(args)
     if args.command == "demo":
         return run_demo(args)
     if args.command == "task" and args.task == "lengths":

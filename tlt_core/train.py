@@ -29,7 +29,6 @@ on measured step times, so the samples differ run to run (their distribution doe
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import time
@@ -44,6 +43,7 @@ from tlt_core.engine import (EngineConfig, Request, RolloutEngine, SamplingParam
                              seconds_at_or_below)
 from tlt_core.grpo import group_advantages, ppo_clip_loss, response_logprobs
 from tlt_core.harvest import HarvestBuffer
+from tlt_core.metrics import append_jsonl
 from tlt_core.model_free import ModelFree
 from tlt_core.rewards import RewardFn, score_all
 from tlt_core.spot_trainer import SpotConfig, SpotTrainer
@@ -370,5 +370,6 @@ def _pack(rollouts, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
 
 
 def write_metrics(path: Path, metrics: dict) -> None:
-    with path.open("a") as handle:
-        handle.write(json.dumps(metrics) + "\n")
+    """Appends one step's record to a JSONL file (tlt_core.metrics.MetricsWriter does this and
+    TensorBoard)."""
+    append_jsonl(path, metrics)

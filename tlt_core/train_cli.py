@@ -1,18 +1,20 @@
 """`tlt train`: GRPO with TLT on the embedded task (no arguments) or a local checkpoint.
 
-Writes, under --out: metrics.jsonl (one line per step; `baseline/` for --compare's SD-off run),
-checkpoint.pt after every step, and report.md with its plots at the end. Ctrl-C (or a killed
-rank) loses at most the step in progress; the message says how to resume.
+Writes, under --out: metrics.jsonl (one line per step; `baseline/` for --compare's SD-off run)
+and, when the tensorboard package is installed, TensorBoard event files beside it (names and
+units: tlt_core.metrics, docs/metrics.md), checkpoint.pt after every step, and report.md with
+its plots at the end. Ctrl-C (or a killed rank) loses at most the step in progress; the message
+says how to resume. Rank 0 writes metrics and checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
+from tlt_core.cli_options import add_dataclass_arguments, dataclass_from_args
 from tlt_core.train import TrainConfig
 
 _HELP = {
@@ -31,50 +33,46 @@ _HELP = {
     "max_grad_norm": "gradient clipping norm",
     "seed": "seed of prompts, sampling and mini-batches",
     "max_batch": "engine rows per rank (the most samples decoding at once)",
+    "tlt": "TLT: adaptive speculative rollout and the spot-trained drafter (off: plain "
+           "decoding only, the SD-off baseline)",
+    "model_free": "model-free (sibling) drafts among the adaptive loop's plans",
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = TrainConfig()
-    for f in fields(TrainConfig):
-        if f.name in _HELP:
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)),
-                                default=getattr(defaults, f.name),
-                                help=f"{_HELP[f.name]} (default {getattr(defaults, f.name)})")
-    parser.add_argument("--no-tlt", action="store_true",
-                        help="plain decoding only: the SD-off baseline")
-    parser.add_argument("--no-model-free", action="store_true",
-                        help="no model-free (sibling) drafts among the adaptive loop's plans")
+    add_dataclass_arguments(parser, TrainConfig, _HELP)
     parser.add_argument("--compare", action="store_true",
                         help="also run the SD-off baseline with the same seeds and config, and "
                              "print the end-to-end speedup")
-    parser.add_argument("--out", type=Path, default=Path("runs/tlt-train"),
-                        help="run folder: metrics, checkpoint, report (default runs/tlt-train)")
+    parser.add_argument("--out", type=Path, default=Path("runs/tlt-train"), metavar="DIR",
+                        help="run folder: metrics, checkpoint, report")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out from its checkpoint")
-    parser.add_argument("--model", type=Path, help="a local Hugging Face checkpoint folder "
-                        "(default: the embedded model)")
-    parser.add_argument("--data", type=Path, help="JSONL or Parquet prompts with 'prompt' and "
-                        "'answer' fields (needed with --model)")
-    parser.add_argument("--drafter", type=Path, help="a drafter folder for --model (without "
-                        "one, TLT uses model-free drafts only)")
-    parser.add_argument("--reward", help="a reward function as module:function taking (prompt, "
-                        "response, reference) (default: the math-answer verifier)")
+    parser.add_argument("--model", type=Path, metavar="DIR",
+                        help="a local Hugging Face checkpoint folder (default: the embedded model)")
+    parser.add_argument("--data", type=Path, metavar="FILE",
+                        help="JSONL or Parquet prompts with 'prompt' and 'answer' fields (needed "
+                             "with --model)")
+    parser.add_argument("--drafter", type=Path, metavar="DIR",
+                        help="a drafter folder for --model (without one, TLT uses model-free "
+                             "drafts only)")
+    parser.add_argument("--reward", metavar="MODULE:FUNCTION",
+                        help="a reward function taking (prompt, response, reference) (default: "
+                             "the math-answer verifier)")
     parser.add_argument("--strict-data", action="store_true",
                         help="stop on malformed data rows instead of skipping them")
+    parser.add_argument("--tensorboard", choices=("auto", "on", "off"), default="auto",
+                        help="TensorBoard event files next to metrics.jsonl in --out (the "
+                             "scalars of docs/metrics.md): auto writes them when the "
+                             "tensorboard package is installed, on requires it")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run_train(args: argparse.Namespace) -> int:
     from tlt_core.train_setup import checkpoint_inputs, embedded_inputs, load_reward
 
-    try:
-        config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)
-                                if f.name in _HELP}, tlt=not args.no_tlt,
-                             model_free=not args.no_model_free)
-    except ValueError as error:  # name the flag, not the field
-        flag = "--" + str(error).split(":")[0].replace("_", "-")
-        raise SystemExit(f"tlt train: {flag}{str(error)[str(error).index(':'):]}") from None
+    config = dataclass_from_args(TrainConfig, args, _HELP, "tlt train")
+    tensorboard = _tensorboard_wanted(args.tensorboard)
     if (args.model is None) != (args.data is None):
         raise SystemExit("tlt train: --model and --data go together (a checkpoint and its "
                          "prompts); with neither, the embedded task and model are used")
@@ -91,7 +89,7 @@ def run_train(args: argparse.Namespace) -> int:
         runs["baseline"] = (args.out / "baseline", replace(config, tlt=False))
     histories = {}
     for name, (folder, run_config) in runs.items():
-        histories[name] = _train_one(name, folder, run_config, inputs(), args)
+        histories[name] = _train_one(name, folder, run_config, inputs(), args, tensorboard)
         if histories[name] is None:
             return 130
     from tlt_core.train_report import summarize, write_report
@@ -111,37 +109,58 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_one(name: str, folder: Path, config: TrainConfig, inputs, args) -> list[dict] | None:
+def _tensorboard_wanted(choice: str) -> bool:
+    from tlt_core.metrics import tensorboard_available
+
+    if choice == "off":
+        return False
+    if tensorboard_available():
+        return True
+    if choice == "on":
+        raise SystemExit("tlt train: --tensorboard on: the tensorboard package is not installed "
+                         "(pip install tensorboard)")
+    print("metrics: metrics.jsonl only (pip install tensorboard for TensorBoard event files)",
+          file=sys.stderr)
+    return False
+
+
+def _train_one(name: str, folder: Path, config: TrainConfig, inputs, args,
+               tensorboard: bool) -> list[dict] | None:
     from tqdm import tqdm
 
-    from tlt_core.train import GRPOTrainer, write_metrics
+    from tlt_core.metrics import MetricsWriter
+    from tlt_core.train import GRPOTrainer
 
     trainer = GRPOTrainer(inputs.policy, inputs.prompts, inputs.reward_fn, inputs.decode,
                           inputs.stop_ids, config, drafter=inputs.drafter,
                           calibration=inputs.calibration)
     folder.mkdir(parents=True, exist_ok=True)
-    checkpoint, metrics_path = folder / "checkpoint.pt", folder / "metrics.jsonl"
+    checkpoint = folder / "checkpoint.pt"
     if inputs.bad_rows:
         print(f"data: skipped {len(inputs.bad_rows)} malformed rows "
               f"(first: line {inputs.bad_rows[0][0]}: {inputs.bad_rows[0][1]})", file=sys.stderr)
-    if args.resume and checkpoint.is_file():
+    resumed = args.resume and checkpoint.is_file()
+    if resumed:
         trainer.resume(checkpoint)
-        metrics_path.write_text("".join(json.dumps(m) + "\n" for m in trainer.state.history))
         print(f"{name}: resumed at step {trainer.state.step} from {checkpoint}")
-    elif metrics_path.exists():
-        metrics_path.unlink()  # a fresh run
+    # rank 0 writes the metrics, as it writes the checkpoint
+    writer = MetricsWriter(folder, tensorboard=tensorboard,
+                           history=trainer.state.history if resumed else None,
+                           enabled=trainer.group.rank == 0)
     print(f"{name}: {inputs.description}, TLT {'on' if config.tlt else 'off'}; "
           f"{config.steps} steps x {config.prompts_per_step} prompts x "
-          f"{config.samples_per_prompt} samples -> {folder}")
+          f"{config.samples_per_prompt} samples -> {folder}"
+          + (" (metrics.jsonl + TensorBoard)" if writer.tensorboard else ""))
     bar = tqdm(total=config.steps, initial=trainer.state.step, disable=args.no_progress,
                desc=name, unit="step", file=sys.stderr)
     try:
-        while trainer.state.step < config.steps:
-            metrics = trainer.step()
-            trainer.save(checkpoint)
-            write_metrics(metrics_path, metrics)
-            bar.update()
-            bar.write(_line(metrics))
+        with writer:
+            while trainer.state.step < config.steps:
+                metrics = trainer.step()
+                trainer.save(checkpoint)
+                writer.write(metrics)
+                bar.update()
+                bar.write(_line(metrics))
     except KeyboardInterrupt:
         bar.close()
         print(f"\n{name}: interrupted in step {trainer.state.step}; steps before it are saved "
