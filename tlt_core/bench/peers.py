@@ -15,7 +15,8 @@ trl_grpo: TRL's GRPOTrainer against our GRPO driver, TLT on and SD off, on the s
 warm embedded model; TRL gets it as a Hugging Face checkpoint with a character tokenizer that
 encodes exactly as ours), the same prompt pool (the first 64 embedded-task prompts of `tlt
 train`), 8 prompts x 8 samples per step, at most 256 new tokens, T = 1, lr 5e-5, no KL, one
-optimizer step per GRPO step over all 64 samples, on the CPU. TRL generates with `model.generate`
+optimizer step per GRPO step over all 64 samples, float32 on both sides (TRL's default bf16
+autocast is turned off), on the CPU. TRL generates with `model.generate`
 (HF, one padded batch of 64) and trains in 4 accumulated micro-batches of 16, its fastest setting
 we measured here (within 10% of 1 x 64 and 8 x 8; transformers' continuous batching,
 `use_transformers_continuous_batching`, fails on the CPU in TRL 1.16: accelerate casts its paged
@@ -162,6 +163,7 @@ def trl_grpo(steps: int = 10, prompts: int = 64, progress: bool = True) -> list[
             num_generations=config.samples_per_prompt, max_completion_length=config.max_new_tokens,
             temperature=config.temperature, top_k=0, learning_rate=config.lr, beta=0.0,
             max_steps=config.steps, logging_steps=1, report_to="none", use_cpu=True,
+            bf16=False,  # TRL's default bf16 autocast would not be the fp32 work ours does
             save_strategy="no", seed=config.seed, disable_tqdm=not progress)
         theirs = TRLTrainer(model=model, reward_funcs=reward, args=trl_config,
                             train_dataset=dataset, processing_class=_char_tokenizer(),
