@@ -268,3 +268,32 @@ def test_cli_exports_a_saved_drafter_for_a_checkpoint(target, drafter, tmp_path)
         _cli(["drafter", "--to", "eagle", str(out), "--acceptance", "0.5"])
     with pytest.raises(SystemExit, match="--step"):
         _cli(["drafter", "--to", "eagle", str(out), "--step", "-1"])
+
+
+def test_cli_exports_the_drafter_of_a_train_run(tmp_path):
+    """`--run`: the drafter a `tlt train` run trained, for the policy of its checkpoint's step:
+    the export's provenance hashes that policy and records the step, and it reloads into the
+    run's own drafter exactly."""
+    from tests.test_train import decode, small, toy_prompts, toy_reward
+    from tlt_core.train import GRPOTrainer
+
+    base = tiny_target()
+    save_checkpoint(base, tmp_path / "base")
+    policy = tiny_target()
+    trainer = GRPOTrainer(policy, toy_prompts(), toy_reward, decode, (),
+                          small(tlt=True, steps=1, lr=1e-2), drafter=train_drafter(policy))
+    trainer.step()
+    trainer.save(tmp_path / "run" / "checkpoint.pt")
+    assert _cli(["drafter", "--to", "eagle", str(tmp_path / "out"), "--run",
+                 str(tmp_path / "run"), "--target", str(tmp_path / "base")]) == 0
+    record = read_provenance(tmp_path / "out")
+    assert record["rl_step"] == 1 and record["target_sha256"] == target_sha256(policy)
+    assert target_sha256(policy) != target_sha256(base)  # the step moved the policy
+    reloaded = load_export(tmp_path / "out", policy)
+    for name, tensor in trainer.drafter.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor)
+    with pytest.raises(SystemExit, match="--run: no checkpoint.pt"):
+        _cli(["drafter", "--to", "eagle", str(tmp_path / "o2"), "--run", str(tmp_path)])
+    with pytest.raises(SystemExit, match="not both"):
+        _cli(["drafter", "--to", "eagle", str(tmp_path / "o2"), "--run", str(tmp_path / "run"),
+              "--drafter", str(tmp_path)])

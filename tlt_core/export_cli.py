@@ -6,9 +6,12 @@ length at export, the tlt_core version and the date (tlt_core.export). Only a dr
 with DrafterConfig(form="eagle") exports; any other is refused with the reason.
 
 Inputs: --drafter DIR (a folder written by Drafter.save; default: the warm embedded drafter)
-and --target DIR (a local Hugging Face checkpoint; default: the warm embedded model). The
-acceptance length is --acceptance, or, for the embedded target, measured here in a few seconds:
-greedy rollouts of 16 held-out embedded-task problems with a (6,1,7) chain strategy.
+and --target DIR (a local Hugging Face checkpoint; default: the warm embedded model); or --run
+DIR, a `tlt train` run folder: the drafter RL spot-trained, as of its checkpoint.pt, drafting
+for the policy of that step (the checkpoint's policy weights in --target's architecture; the
+provenance hashes those weights and records the checkpoint's step). The acceptance length is
+--acceptance, or, for the embedded architecture, measured here in a few seconds: greedy
+rollouts of 16 held-out embedded-task problems with a (6,1,7) chain strategy.
 
 Wiring (tlt_core.cli): `export = commands.add_parser("export", ...); add_arguments(export)`,
 then `if args.command == "export": return run_export(args)`.
@@ -44,8 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     drafter.add_argument("--target", type=Path, metavar="DIR",
                          help="the drafter's target, a local Hugging Face checkpoint folder "
                               "(default: the warm embedded model)")
+    drafter.add_argument("--run", type=Path, metavar="DIR",
+                         help="a `tlt train` run folder: export the drafter of its "
+                              "checkpoint.pt, for the policy of that step (instead of --drafter; "
+                              "--target gives the architecture)")
     drafter.add_argument("--step", type=int, metavar="N",
-                         help="the RL step the drafter was exported at (default: unknown)")
+                         help="the RL step the drafter was exported at (default: unknown; "
+                              "with --run, the checkpoint's)")
     drafter.add_argument("--acceptance", type=float, metavar="X",
                          help="acceptance length (tokens per speculative step) at export "
                               "(default: measured on the embedded task when the target is the "
@@ -71,12 +79,19 @@ def run_export(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise SystemExit(f"tlt export: OUT: {args.out} exists and is not a folder")
 
+    if args.run is not None and args.drafter is not None:
+        raise SystemExit("tlt export: --run: give a run folder or --drafter, not both")
     target, target_name = _target(args.target)
-    drafter, drafter_name = _drafter(args.drafter, target)
+    if args.run is not None:
+        drafter, drafter_name, step = _from_run(args.run, target)
+        target_name = f"{target_name} with the policy weights of {drafter_name}"
+        args.step = step if args.step is None else args.step
+    else:
+        drafter, drafter_name = _drafter(args.drafter, target)
     problem = exportable(drafter)
     if problem is not None:
-        flag = "--drafter" if args.drafter is not None else \
-            "--drafter (default: the warm embedded drafter)"
+        flag = ("--run" if args.run is not None else "--drafter" if args.drafter is not None
+                else "--drafter (default: the warm embedded drafter)")
         raise SystemExit(f"tlt export: {flag}: {drafter_name}: "
                          f"{problem.removeprefix('drafter: ')}")
 
@@ -152,3 +167,36 @@ def _drafter(path: Path | None, target):
         raise SystemExit(f"tlt export: {flag}: {error}") from None
     except ValueError as error:  # trained for a target of another shape
         raise SystemExit(f"tlt export: {flag}: {error}; is --target its target?") from None
+
+
+def _from_run(folder: Path, target):
+    """(drafter, its name for the provenance, RL step) from a `tlt train` run folder; loads the
+    checkpoint's policy weights into target (the policy the drafter was trained to draft for)."""
+    import torch
+
+    from tlt_core.drafter import Drafter, DrafterConfig
+
+    path = folder / "checkpoint.pt" if folder.is_dir() else folder
+    if not path.is_file():
+        raise SystemExit(f"tlt export: --run: no checkpoint.pt in {folder}; is it a `tlt train` "
+                         "--out folder?")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if "drafter" not in state:
+        raise SystemExit(f"tlt export: --run: {path} has no drafter (a run with --no-tlt, or "
+                         "with a checkpoint and no --drafter, trains none)")
+    try:
+        target.load_state_dict(state["policy"])
+    except RuntimeError as error:
+        raise SystemExit(f"tlt export: --run: the run's policy does not fit --target's "
+                         f"architecture ({str(error).splitlines()[0]}); give the checkpoint it "
+                         "was trained from as --target") from None
+    weights = state["drafter"]
+    # The checkpoint holds the drafter's tensors, not its config: the form shows in them
+    # (form "tlt" has the layer's input norm, several feature layers a fuse linear).
+    if "fuse.weight" in weights:
+        raise SystemExit("tlt export: --run: the run's drafter fuses several target layers "
+                         "(EAGLE-3 style), which no EAGLE-1 layout represents")
+    form = "tlt" if "layer.input_layernorm.weight" in weights else "eagle"
+    drafter = Drafter(target, DrafterConfig(form=form))
+    drafter.load_state_dict(weights)
+    return drafter.eval(), f"{path} (step {state['step']})", int(state["step"])
