@@ -168,5 +168,5 @@ def test_tlt_rollout_names_unsupported_trainer_settings(setting, value, named):
     from tlt_core.integrations import TLTRollout
 
     trainer = StandInTrainer(_tiny_model(0), **{setting: value})
-    with pytest.raises(NotImplementedError, match=named):
+    with pytest.raises(ValueError, match=named):
         TLTRollout(strategy=None)(["12+34"], trainer)

@@ -149,7 +149,7 @@ class TLTRollout:
             _check_supported(trainer)
         prompt_ids, images, _ = trainer._tokenize_prompts(prompts)
         if images is not None:
-            raise NotImplementedError("prompts: images are not supported by TLTRollout")
+            raise ValueError("prompts: images are not supported by TLTRollout")
         prompt_ids = [list(map(int, ids)) for ids in prompt_ids]
         model = trainer.accelerator.unwrap_model(trainer.model)
         max_tokens = int(trainer.max_completion_length)
@@ -279,7 +279,7 @@ def _check_supported(trainer: Any) -> None:
     if any(getattr(trainer, name, False) for name in ("is_deepspeed_enabled", "is_fsdp_enabled")):
         problems.append("DeepSpeed / FSDP (sharded parameters would need gathering to sync)")
     if problems:
-        raise NotImplementedError("TLTRollout: unsupported GRPOConfig setting(s): " +
+        raise ValueError("TLTRollout: unsupported GRPOConfig setting(s): " +
                                   "; ".join(problems))
     if float(trainer.top_p) < 1 or int(trainer.top_k or 0) > 0:
         warnings.warn("TLTRollout: with top_k / top_p on, the engine's log-probs are those of "
