@@ -221,11 +221,10 @@ class GRPOTrainer:
             for number, batch in enumerate(batches):
                 mine = [j for k, j in enumerate(batch) if k % group.world_size == group.rank]
                 total_tokens = sum(len(rollouts[j].tokens) for j in batch)
-                micros = _micro_batches([rollouts[j] for j in mine], config.micro_batch_tokens)
+                micros = _micro_batches(rollouts, mine, config.micro_batch_tokens)
                 self.optimizer.zero_grad(set_to_none=True)
                 for index, micro in enumerate(micros):
-                    micro_rollouts = [rollouts[mine[i]] for i in micro]
-                    seqs, lengths, mask, old = _pack(micro_rollouts, device)
+                    seqs, lengths, mask, old = _pack([rollouts[j] for j in micro], device)
                     # DDP reduces the gradients once per mini-batch, at the rank's last micro-
                     # batch: ranks may run different numbers of them
                     last = index == len(micros) - 1
@@ -240,9 +239,8 @@ class GRPOTrainer:
                                 ref = response_logprobs(self.reference, seqs, lengths, mask,
                                                         config.temperature)
                         local_tokens = float(mask.sum())
-                        part = ppo_clip_loss(logp, old, advantages[[mine[i] for i in micro]]
-                                             .to(device), mask, config.clip_eps, ref,
-                                             config.kl_coef)
+                        part = ppo_clip_loss(logp, old, advantages[micro].to(device), mask,
+                                             config.clip_eps, ref, config.kl_coef)
                         # mean over the micro-batch's tokens -> its share of the global mini-
                         # batch's mean; DDP averages over ranks, hence the world size
                         scale = local_tokens / max(total_tokens, 1) * group.world_size
@@ -337,11 +335,10 @@ class GRPOTrainer:
         self.load_state_dict(torch.load(path, weights_only=False))
 
 
-def _micro_batches(rollouts, budget: int) -> list[list[int]]:
-    """Indices of rollouts split into consecutive groups in order of total length, each at most
-    `budget` padded tokens (a longer sequence goes alone)."""
-    order = sorted(range(len(rollouts)),
-                   key=lambda i: len(rollouts[i].prompt_ids) + len(rollouts[i].tokens))
+def _micro_batches(rollouts, indices: list[int], budget: int) -> list[list[int]]:
+    """`indices` (into rollouts) split into consecutive groups in order of total length, each at
+    most `budget` padded tokens (a longer sequence goes alone)."""
+    order = sorted(indices, key=lambda i: len(rollouts[i].prompt_ids) + len(rollouts[i].tokens))
     micros, current, width = [], [], 0
     for i in order:
         length = len(rollouts[i].prompt_ids) + len(rollouts[i].tokens)
