@@ -9,6 +9,7 @@ from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.grpo import group_advantages, ppo_clip_loss, response_logprobs
 from tlt_core.speculative import Strategy
+from tlt_core.train import _pack
 
 
 def test_advantages_by_hand():
@@ -67,17 +68,7 @@ def test_rollout_logprobs_equal_the_trainers_recomputation(models, strategy):
     engine = RolloutEngine(target, EngineConfig(max_batch=6, max_len=48), drafter)
     params = SamplingParams(temperature=0.8, max_tokens=16, n=2)
     rollouts = engine.generate([Request(p, params) for p in PROMPTS[:3]], strategy).rollouts
-    width = max(len(p) + len(r.tokens) for p in PROMPTS[:3] for r in rollouts)
-    sequences = torch.zeros(len(rollouts), width, dtype=torch.int64)
-    T = max(len(r.tokens) for r in rollouts)
-    mask = torch.zeros(len(rollouts), T)
-    old = torch.zeros(len(rollouts), T)
-    for b, r in enumerate(rollouts):
-        seq = list(r.prompt_ids) + r.tokens.tolist()
-        sequences[b, :len(seq)] = torch.tensor(seq)
-        mask[b, :len(r.tokens)] = 1
-        old[b, :len(r.tokens)] = r.logprobs
-    lengths = torch.tensor([len(r.prompt_ids) for r in rollouts])
+    sequences, lengths, mask, old = _pack(rollouts, "cpu")  # as the trainer packs them
     with torch.no_grad():
         new = response_logprobs(target, sequences, lengths, mask, temperature=0.8)
     assert float((new - old).abs().max()) < 1e-4
