@@ -68,6 +68,9 @@ def test_calibration_seeds_the_switch_and_the_bandit(target, drafter):
     # interpolation in log2(batch) between calibrated sizes
     assert model.rate(2, None) == pytest.approx((model.rate(1, None) + model.rate(4, None)) / 2)
     assert all(rate > 0 for rate in model.rates.values())
+    # every calibration run's time outside its decode steps (prefill, scheduling) is measured
+    assert set(model.admission_s) == set(model.rates)
+    assert all(seconds > 0 for seconds in model.admission_s.values())
     # calibration left the engine's model-free history alone and the engine usable
     assert engine.generate(_requests(1)).rollouts
     with pytest.raises(ValueError, match="calibration_requests"):

@@ -71,6 +71,11 @@ def test_simulated_plain_makespan_by_hand():
     assert two.idle_worker_s == pytest.approx(0.02)
     # continuous batching: max_batch 1 runs them back to back
     assert simulate([4, 2], cost, max_batch=1, group_size=1).makespan_s == pytest.approx(0.06)
+    # admitting rows costs the calibrated seconds of that many fresh rows, once per admission:
+    # one wave of 2 rows here; back to back, two waves of 1
+    cost.admission_s.update({(1, "plain"): 0.005, (2, "plain"): 0.008})
+    assert simulate([4, 2], cost, group_size=1).makespan_s == pytest.approx(0.048)
+    assert simulate([4, 2], cost, max_batch=1, group_size=1).makespan_s == pytest.approx(0.07)
 
 
 def test_simulated_sd_with_certain_acceptance():
@@ -89,9 +94,11 @@ def test_calibration_files_round_trip(tmp_path):
     cost = _flat_cost()
     cost.context_slope[(1, "plain")] = 1e-4
     cost.context_mean[(1, "plain")] = 20.0
+    cost.admission_s[(2, "plain")] = 0.01
     save_calibration(cost, tmp_path / "c.json", "cpu")
     back = load_calibration(tmp_path / "c.json")
     assert back.rates == cost.rates and back.acceptance == cost.acceptance
+    assert back.admission_s == cost.admission_s and back.admission(3, None) == 0.01
     assert back.rate(1, None, context=30.0) == pytest.approx(cost.rate(1, None, context=30.0))
     assert back.rate(1, None, context=30.0) < back.rate(1, None, context=20.0)
     (tmp_path / "bad.json").write_text(json.dumps({"rates": {"x": 1}}))

@@ -41,6 +41,10 @@ class CostModel:
     # the longest mean context the fit saw: longer contexts are held at it (a line fitted over
     # tens of tokens is not extrapolated to thousands)
     context_max: dict[tuple[int, str], float] = field(default_factory=dict)
+    # What a generate call of `batch` fresh rows costs outside its decode steps (prefill of the
+    # target's and the drafter's caches, scheduling, collecting the results), per (batch, key):
+    # its wall time minus the steps the observe hook timed. Empty: none.
+    admission_s: dict[tuple[int, str], float] = field(default_factory=dict)
 
     @property
     def batches(self) -> list[int]:
@@ -72,6 +76,16 @@ class CostModel:
             context - self.context_mean[(batch, key)])
         return emitted / max(seconds, 0.1 * emitted / rate)  # a steep fit never goes below 10%
 
+    def admission(self, rows: int, plan) -> float:
+        """Seconds to admit `rows` fresh rows under plan, outside the decode steps: at the
+        nearest calibrated batch at or below rows (the smallest one below them all)."""
+        key = "plain" if plan is None else str(plan)
+        calibrated = [b for b, k in self.admission_s if k == key]
+        if not calibrated:
+            return 0.0
+        below = [b for b in calibrated if b <= rows]
+        return self.admission_s[(max(below) if below else min(calibrated), key)]
+
     def threshold(self, plans: Sequence[object], margin: float = 0.05) -> int:
         """The largest calibrated batch at which the best plan beats plain decoding by margin,
         over a run of such batches from the smallest (0 if it does not pay even there)."""
@@ -96,7 +110,7 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
         raise ValueError(f"batches: need sizes in [1, max_batch={engine.config.max_batch}]")
     if not calibration_requests:
         raise ValueError("calibration_requests: need at least one request to calibrate on")
-    rates, emitted, slopes, means, longest = {}, {}, {}, {}, {}
+    rates, emitted, slopes, means, longest, admission = {}, {}, {}, {}, {}, {}
     kept = engine.model_free  # the workload's history: calibration neither reads nor adds to it
     try:
         for batch in batches:
@@ -110,6 +124,7 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
                 recorder = _measure(engine, requests, plan, batch)
                 key = (batch, "plain" if plan is None else str(plan))
                 rates[key] = recorder.tokens / recorder.seconds
+                admission[key] = max(0.0, recorder.wall_s - recorder.all_steps_s)
                 prompt = sum(len(r.prompt_ids) for r in requests) / len(requests)
                 fit = recorder.context_fit(prompt)
                 if fit is not None:
@@ -121,7 +136,7 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
         engine.model_free = kept
     return CostModel(rates, time.perf_counter() - start,
                      {plan: tokens / rows for plan, (tokens, rows) in emitted.items()},
-                     slopes, means, longest)
+                     slopes, means, longest, admission)
 
 
 class _Recorder:
@@ -133,11 +148,14 @@ class _Recorder:
         self.plan, self.batch = plan, batch
         self.tokens, self.seconds, self.row_steps = 0, 0.0, 0
         self.steps: list[tuple[float, float]] = []
+        self.all_steps_s = 0.0  # every step's time, whatever its batch
+        self.wall_s = 0.0  # the whole generate call
 
     def __call__(self, batch: int):
         return self.plan
 
     def observe(self, batch: int, plan, emitted: int, seconds: float) -> None:
+        self.all_steps_s += seconds
         if batch == self.batch:
             self.steps.append((self.tokens / batch, seconds))  # (tokens per row so far, time)
             self.tokens += emitted
@@ -162,7 +180,9 @@ class _Recorder:
 @torch.inference_mode()
 def _measure(engine, requests, plan, batch: int) -> _Recorder:
     recorder = _Recorder(plan, batch)
+    start = time.perf_counter()
     engine.generate(requests, recorder)
+    recorder.wall_s = time.perf_counter() - start
     if recorder.seconds == 0:
         raise RuntimeError(f"calibration: no step ran with all {batch} rows; raise max_tokens")
     return recorder

@@ -9,7 +9,8 @@ for plain decoding): the step's duration. Every row advances 1 + k tokens, k dra
 the mean acceptance of the simulated workload (given by the caller; default c(P)): the draws
 matter, because the makespan is the slowest row's, and a noisy row finishes later than an
 average one; a row finishes when it has produced its length; a finished row's slot takes the next
-waiting request. Plans per step: a fixed plan, none, or the adaptive choice (SD on at or below
+waiting request. Admitting rows costs what the calibration measured outside the decode steps for
+that many fresh rows (prefill, scheduling, collecting results): it weighs on short rollouts. Plans per step: a fixed plan, none, or the adaptive choice (SD on at or below
 the threshold, the plan with the highest rate at that batch).
 
 Outputs: each worker's busy time, the makespan (the slowest worker), the idle worker-seconds
@@ -79,10 +80,14 @@ def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_b
         # a row: [tokens left, tokens done]; its context is the prompt plus what it produced
         waiting, running, clock, steps = list(shard), [], 0.0, 0
         while waiting or running:
+            admitted = 0
             while waiting and len(running) < max_batch:
                 running.append([waiting.pop(0), 0.0])
+                admitted += 1
             batch = len(running)
             chosen = plan(batch)
+            if admitted:  # prefill and scheduling, outside the decode steps
+                clock += cost.admission(admitted, chosen)
             context = prompt_length + sum(done for _, done in running) / batch
             clock += batch * calibrated(chosen) / cost.rate(batch, chosen, context)
             stepped = []
@@ -133,7 +138,7 @@ def save_calibration(cost: CostModel, path: str | Path, device: str) -> None:
     Path(path).write_text(json.dumps({
         "device": device, "rates": flat(cost.rates), "acceptance": cost.acceptance,
         "context_slope": flat(cost.context_slope), "context_mean": flat(cost.context_mean),
-        "context_max": flat(cost.context_max)},
+        "context_max": flat(cost.context_max), "admission_s": flat(cost.admission_s)},
         indent=1) + "\n")
 
 
@@ -147,6 +152,7 @@ def load_calibration(path: str | Path) -> CostModel:
         return CostModel(table(data["rates"]), acceptance=dict(data.get("acceptance", {})),
                          context_slope=table(data.get("context_slope", {})),
                          context_mean=table(data.get("context_mean", {})),
-                         context_max=table(data.get("context_max", {})))
+                         context_max=table(data.get("context_max", {})),
+                         admission_s=table(data.get("admission_s", {})))
     except (KeyError, ValueError, IndexError, AttributeError) as error:
         raise ValueError(f"calibration: {path} is not a calibration file ({error})") from None
