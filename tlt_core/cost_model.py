@@ -113,6 +113,13 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
     rates, emitted, slopes, means, longest, admission = {}, {}, {}, {}, {}, {}
     kept = engine.model_free  # the workload's history: calibration neither reads nor adds to it
     try:
+        # untimed: a process's first generate call pays one-time costs (thread pools, packed
+        # weights) that would land in the first measurement's admission time
+        engine.model_free = SuffixDrafts()
+        first = calibration_requests[0]
+        with torch.inference_mode():
+            engine.generate([replace(first, params=replace(first.params, n=1, max_tokens=2))],
+                            _Recorder(None, 1))
         for batch in batches:
             requests = [replace(r, params=replace(
                 r.params, n=1,
