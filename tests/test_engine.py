@@ -105,6 +105,16 @@ def test_running_batch_trace_shows_the_tail(model):
                for r in result.rollouts)
 
 
+def test_observe_hook_sees_every_step_of_plain_decoding(model):
+    requests = [Request([1, 2], SamplingParams(temperature=0.0, max_tokens=m)) for m in (3, 6)]
+    steps = []
+    result = RolloutEngine(model, EngineConfig(max_batch=2, max_len=16)).generate(
+        requests, observe=lambda batch, plan, emitted, seconds: steps.append(
+            (batch, plan, emitted, seconds > 0)))
+    assert steps == [(2, None, 2, True)] * 2 + [(1, None, 1, True)] * 3
+    assert result.decode_steps == len(steps)
+
+
 def test_continuous_batching_admits_waiting_samples(model):
     requests = [Request([3, 4], SamplingParams(temperature=0.0, max_tokens=m)) for m in (3, 9, 2, 5)]
     result = RolloutEngine(model, EngineConfig(max_batch=2, max_len=16)).generate(requests)

@@ -307,15 +307,20 @@ class RolloutEngine:
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[Request], strategy: StrategyPolicy = None, *,
-                 request_ids: Sequence[int] | None = None) -> RolloutResult:
+                 request_ids: Sequence[int] | None = None,
+                 observe: Callable[[int, DraftPlan | None, int, float], None] | None = None
+                 ) -> RolloutResult:
         """Runs every request to completion. strategy: None (plain decoding), a Strategy (every
         step speculative) or a policy called before each step with the running batch size
         that returns a Strategy or None for that step. Speculation never changes what is
         sampled: outputs follow the target's distribution exactly, greedy rows token for token.
         request_ids: each request's index in a larger set (a worker's shard), used in records
-        and seeds so a sample does not depend on how requests were split among workers."""
+        and seeds so a sample does not depend on how requests were split among workers.
+        observe(batch, plan, emitted_tokens, seconds): told how each step went, whatever the
+        strategy, plain decoding included (default: the policy's own observe method, if any)."""
         policy = self._policy(strategy)
-        observe = getattr(strategy, "observe", None)
+        if observe is None:
+            observe = getattr(strategy, "observe", None)
         self.model_free.new_round()
         waiting = self._expand(requests, request_ids)
         running: list[_Sample] = []
