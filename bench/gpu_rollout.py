@@ -55,7 +55,8 @@ def main() -> int:
     prompts = [tuple(tokenizer.prompt_ids(p.prompt)) for p in generate_problems(
         TaskConfig(seed=31, num_problems=4, min_steps=57, max_steps=63))]
     cost = calibrate(engine, DEFAULT_PLANS, (1, 2, 4, 8, 16, 32, 64),
-                     replay_requests([192] * 4, prompts, group_size=1), max_tokens=192)
+                     replay_requests([192] * 4, prompts, group_size=1), max_tokens=192,
+                     sd_off=True)
     save_calibration(cost, args.out / f"calibration_{tag}.json", name)
 
     result = bench_rollout.run(target, drafter, rounds=args.rounds, progress=False)

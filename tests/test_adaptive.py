@@ -7,6 +7,7 @@ import torch
 from tests.speculative_fixtures import PROMPTS
 from tlt_core.adaptive import AdaptivePolicy
 from tlt_core.bandit import StrategyBandit
+from tlt_core.cost_model import SD_OFF, calibrate
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.model_free import ModelFree
 from tlt_core.sd_switch import SDSwitch
@@ -75,6 +76,48 @@ def test_calibration_seeds_the_switch_and_the_bandit(target, drafter):
     assert engine.generate(_requests(1)).rollouts
     with pytest.raises(ValueError, match="calibration_requests"):
         AdaptivePolicy.from_calibration(engine, PLANS, [])
+
+
+def test_calibration_sweeps_keep_medians_and_can_time_sd_off(target, drafter):
+    engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=64), drafter)
+    calibration = [Request(p, SamplingParams(temperature=1.0, max_tokens=12)) for p in PROMPTS[:2]]
+    plan = Strategy(2, 1, 3)
+    model = calibrate(engine, [plan], (1, 4), calibration, max_tokens=12, sd_off=True, reps=3)
+    # SD off for the whole call (no drafter in the loop) is measured beside the adaptive
+    # loop's plain steps and the plan
+    assert set(model.rates) == {(b, k) for b in (1, 4) for k in ("off", "plain", str(plan))}
+    assert set(model.admission_s) == set(model.rates)
+    assert model.key(SD_OFF) == "off" and model.key(None) == "plain"
+    assert model.acceptance[str(plan)] >= 1
+    with pytest.raises(ValueError, match="reps"):
+        calibrate(engine, [plan], (1,), calibration, reps=0)
+
+
+def test_a_burst_in_one_calibration_sweep_is_ignored(target, drafter, monkeypatch):
+    """Scripted measurements: the second of three sweeps is 5x slower (someone else's work on
+    a shared machine); the model keeps every sweep's median."""
+    import tlt_core.cost_model as cost_model
+
+    sweep = iter([1, 1, 5, 5, 1.2, 1.2])  # a step's seconds: (plain, plan) per sweep
+
+    def scripted(engine, requests, plan, batch):
+        recorder = cost_model._Recorder(plan, batch)
+        step = next(sweep)
+        emitted = 3 if plan is not None else 1  # a plan's rows emit 3 tokens a step
+        for index in range(4):
+            recorder.observe(batch, plan, batch * emitted, step)
+        recorder.wall_s = recorder.all_steps_s + step / 10  # admission: a tenth of a step
+        return recorder
+
+    monkeypatch.setattr(cost_model, "_measure", scripted)
+    engine = RolloutEngine(target, EngineConfig(max_batch=2, max_len=64), drafter)
+    calibration = [Request(PROMPTS[0], SamplingParams(max_tokens=8))]
+    plan = Strategy(2, 1, 3)
+    model = calibrate(engine, [plan], (2,), calibration, reps=3)
+    assert model.acceptance == {str(plan): 3}
+    assert model.rates == {(2, "plain"): pytest.approx(2 / 1.2),
+                           (2, str(plan)): pytest.approx(2 * 3 / 1.2)}
+    assert model.admission_s[(2, "plain")] == pytest.approx(0.12)
 
 
 def test_policy_state_round_trips_through_a_checkpoint(target, drafter, tmp_path):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.speculative_fixtures import PROMPTS, tiny_target
-from tlt_core.cost_model import CostModel
+from tlt_core.cost_model import SD_OFF, CostModel
 from tlt_core.engine import EngineConfig, RolloutEngine
 from tlt_core.simulator import load_calibration, save_calibration, simulate
 from tlt_core.speculative import Strategy
@@ -62,30 +62,48 @@ def _flat_cost(plain=100.0, sd=250.0, acceptance=5.0):
 
 def test_simulated_plain_makespan_by_hand():
     cost = _flat_cost()
-    # one worker, lengths 4 and 2: 2 steps at batch 2 (2 x 1/100 s each), 2 at batch 1
+    # one worker, lengths 4 and 2 (the prefill samples each row's first token): 1 step at
+    # batch 2 (1/100 s), 2 at batch 1
     prediction = simulate([4, 2], cost, workers=1, group_size=1)
-    assert prediction.makespan_s == pytest.approx(4 / 100)
-    # two workers (group_size 1: request i on worker i mod 2): 4 and 2 steps of 1/100 s
+    assert prediction.makespan_s == pytest.approx(3 / 100) and prediction.steps == 3
+    # two workers (group_size 1: request i on worker i mod 2): 3 and 1 steps of 1/100 s
     two = simulate([4, 2], cost, workers=2, group_size=1)
-    assert two.busy_s == pytest.approx((0.04, 0.02))
+    assert two.busy_s == pytest.approx((0.03, 0.01))
     assert two.idle_worker_s == pytest.approx(0.02)
     # continuous batching: max_batch 1 runs them back to back
-    assert simulate([4, 2], cost, max_batch=1, group_size=1).makespan_s == pytest.approx(0.06)
+    assert simulate([4, 2], cost, max_batch=1, group_size=1).makespan_s == pytest.approx(0.04)
+    # a response of one token is done at its prefill
+    assert simulate([1], cost).steps == 0
     # admitting rows costs the calibrated seconds of that many fresh rows, once per admission:
     # one wave of 2 rows here; back to back, two waves of 1
     cost.admission_s.update({(1, "plain"): 0.005, (2, "plain"): 0.008})
-    assert simulate([4, 2], cost, group_size=1).makespan_s == pytest.approx(0.048)
-    assert simulate([4, 2], cost, max_batch=1, group_size=1).makespan_s == pytest.approx(0.07)
+    assert simulate([4, 2], cost, group_size=1).makespan_s == pytest.approx(0.038)
+    assert simulate([4, 2], cost, max_batch=1, group_size=1).makespan_s == pytest.approx(0.05)
+    assert simulate([1], cost).makespan_s == pytest.approx(0.005)
+
+
+def test_sd_off_runs_cost_what_the_calibration_timed_without_a_drafter():
+    cost = _flat_cost()
+    # without an SD-off measurement, SD off costs what the adaptive loop's plain steps cost
+    assert simulate([5, 3], cost, group_size=1).makespan_s == pytest.approx(0.04)
+    assert cost.key(SD_OFF) == "plain"
+    # measured: a plain step with no drafter to keep up to date is cheaper (here 2x)
+    cost.rates.update({(b, "off"): 200.0 * b for b in (1, 2)})
+    assert cost.key(SD_OFF) == "off"
+    assert simulate([5, 3], cost, group_size=1).makespan_s == pytest.approx(0.02)
+    # a policy's plain steps (None) still pay for keeping the drafter up to date
+    policy = simulate([5, 3], cost, group_size=1, plan=lambda batch: None)
+    assert policy.makespan_s == pytest.approx(0.04)
 
 
 def test_simulated_sd_with_certain_acceptance():
     cost = _flat_cost(acceptance=5.0)  # depth 4 accepted in full: 5 tokens every step
     plan = Strategy(4, 1, 5)
-    prediction = simulate([10, 10], cost, group_size=2, plan=lambda batch: plan)
-    # 2 steps; a step at batch 2 lasts 2 x 5 / (250 x 2) = 0.02 s
+    prediction = simulate([11, 11], cost, group_size=2, plan=lambda batch: plan)
+    # 10 tokens after the prefill's: 2 steps; a step at batch 2 lasts 2 x 5 / (250 x 2) = 0.02 s
     assert prediction.steps == 2 and prediction.makespan_s == pytest.approx(0.04)
     # a workload that accepts less takes more steps of the same duration
-    slower = simulate([10, 10], cost, group_size=2, plan=lambda batch: plan,
+    slower = simulate([11, 11], cost, group_size=2, plan=lambda batch: plan,
                       acceptance={"(4,1,5)": 1.0})
     assert slower.steps == 10 and slower.makespan_s == pytest.approx(0.2)
 

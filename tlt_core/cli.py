@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "several tail shapes, SD off and on, then projects a many-worker run. The "
                     "projection is a model's prediction, not a measurement.")
     simulate.add_argument("--json", type=Path, metavar="FILE", help="write rows + projection")
-    simulate.add_argument("--reps", type=int, default=3, help="measured rollouts per row (median)")
+    simulate.add_argument("--reps", type=int, default=3,
+                          help="calibration sweeps and measured rollouts per row (medians)")
     simulate.add_argument("--calibration", type=Path, metavar="FILE",
                           help="a cost-model calibration (JSON; the GPU script writes one) for "
                                "the projection; default: the one measured here")

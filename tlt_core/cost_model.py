@@ -13,6 +13,12 @@ out.
 `rate(B, plan)` is the bandit's prior (interpolated between calibrated batches);
 `threshold(plans)` the largest calibrated batch at which some plan beats plain decoding by
 `margin`: the SD switch's default.
+
+Two kinds of plain step: `None`, a plain step of a loop that may speculate later (the adaptive
+loop's SD-off phase: the target also returns the drafter's features, which the drafter's
+backlog keeps), and `SD_OFF`, plain decoding with speculation off for the whole call (no
+drafter in the loop: what a rollout without SD costs). The second is cheaper; it is measured
+when `calibrate(..., sd_off=True)`, and a model without it uses the first for both.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Sequence
 
 import torch
@@ -27,9 +34,22 @@ import torch
 from tlt_core.model_free import SuffixDrafts
 
 
+class _SdOff:
+    """The plan key of plain decoding with speculation off for a whole generate call."""
+
+    def __str__(self) -> str:
+        return "off"
+
+    __repr__ = __str__
+
+
+SD_OFF = _SdOff()
+
+
 @dataclass
 class CostModel:
-    rates: dict[tuple[int, str], float]  # (batch, str(plan) or "plain") -> tokens per second
+    # (batch, str(plan), "plain" or "off" (SD_OFF)) -> tokens per second
+    rates: dict[tuple[int, str], float]
     calibration_s: float = 0.0  # what calibrating took
     # str(plan) -> tokens a row emitted per step in calibration (the simulator's default)
     acceptance: dict[str, float] = field(default_factory=dict)
@@ -50,11 +70,18 @@ class CostModel:
     def batches(self) -> list[int]:
         return sorted({b for b, _ in self.rates})
 
+    def key(self, plan) -> str:
+        """The tables' key of plan: str(plan); "plain" for None, and for SD_OFF when it was
+        not measured."""
+        if plan is None or (plan is SD_OFF and not any(k == "off" for _, k in self.rates)):
+            return "plain"
+        return str(plan)
+
     def rate(self, batch: int, plan, context: float | None = None) -> float:
         """Measured tokens per second of a step with plan, interpolated linearly in log2(batch)
         between calibrated batches (held flat outside them); at a mean row context (tokens)
         when given and the calibration fitted the context dependence."""
-        key = "plain" if plan is None else str(plan)
+        key = self.key(plan)
         batches = self.batches
         if batch <= batches[0] or batch >= batches[-1]:
             edge = batches[0] if batch <= batches[0] else batches[-1]
@@ -70,7 +97,7 @@ class CostModel:
         rate = self.rates[(batch, key)]
         if context is None or (batch, key) not in self.context_slope:
             return rate
-        emitted = batch * (1.0 if key == "plain" else self.acceptance.get(key, 1.0))
+        emitted = batch * self.acceptance.get(key, 1.0)
         context = min(context, self.context_max.get((batch, key), context))
         seconds = emitted / rate + self.context_slope[(batch, key)] * (
             context - self.context_mean[(batch, key)])
@@ -79,7 +106,7 @@ class CostModel:
     def admission(self, rows: int, plan) -> float:
         """Seconds to admit `rows` fresh rows under plan, outside the decode steps: at the
         nearest calibrated batch at or below rows (the smallest one below them all)."""
-        key = "plain" if plan is None else str(plan)
+        key = self.key(plan)
         calibrated = [b for b, k in self.admission_s if k == key]
         if not calibrated:
             return 0.0
@@ -98,10 +125,14 @@ class CostModel:
 
 
 def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
-              calibration_requests: Sequence, *, max_tokens: int = 24) -> CostModel:
+              calibration_requests: Sequence, *, max_tokens: int = 24,
+              sd_off: bool = False, reps: int = 1) -> CostModel:
     """Measures engine's tokens per second for every batch in batches (at most
-    engine.config.max_batch) and every plan and plain decoding, on copies of
-    calibration_requests (a few prompts like the workload's) cut to max_tokens."""
+    engine.config.max_batch) and every plan and plain decoding (and, with sd_off, plain
+    decoding with speculation off: SD_OFF), on copies of calibration_requests (a few prompts
+    like the workload's) cut to max_tokens. reps > 1 sweeps every measurement that many times
+    and keeps medians: a sweep is seconds long, and on a shared machine a burst of someone
+    else's work can slow one sweep by 10%; the median ignores it."""
     from dataclasses import replace
 
     start = time.perf_counter()
@@ -110,7 +141,12 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
         raise ValueError(f"batches: need sizes in [1, max_batch={engine.config.max_batch}]")
     if not calibration_requests:
         raise ValueError("calibration_requests: need at least one request to calibrate on")
-    rates, emitted, slopes, means, longest, admission = {}, {}, {}, {}, {}, {}
+    if reps < 1:
+        raise ValueError(f"reps: must be >= 1, got {reps}")
+    # per (batch, key), one entry per sweep: seconds per full-batch step, admission seconds,
+    # context fit (slope, mean context, longest context)
+    step_s, admission, fits = {}, {}, {}
+    emitted = {}  # str(plan) -> (tokens, row steps), pooled over sweeps
     kept = engine.model_free  # the workload's history: calibration neither reads nor adds to it
     try:
         # untimed: a process's first generate call pays one-time costs (thread pools, packed
@@ -120,36 +156,48 @@ def calibrate(engine, plans: Sequence[object], batches: Sequence[int],
         with torch.inference_mode():
             engine.generate([replace(first, params=replace(first.params, n=1, max_tokens=2))],
                             _Recorder(None, 1))
-        for batch in batches:
-            requests = [replace(r, params=replace(
-                r.params, n=1,
-                max_tokens=max(1, min(max_tokens, engine.config.max_len - len(r.prompt_ids)))))
-                for r in (list(calibration_requests) * batch)[:batch]]
-            for plan in (None,) + tuple(plans):
-                # model-free drafts see this run's siblings only, not earlier calibration runs
-                engine.model_free = SuffixDrafts()
-                recorder = _measure(engine, requests, plan, batch)
-                key = (batch, "plain" if plan is None else str(plan))
-                rates[key] = recorder.tokens / recorder.seconds
-                admission[key] = max(0.0, recorder.wall_s - recorder.all_steps_s)
+        for _ in range(reps):
+            for batch in batches:
+                requests = [replace(r, params=replace(
+                    r.params, n=1,
+                    max_tokens=max(1, min(max_tokens,
+                                          engine.config.max_len - len(r.prompt_ids)))))
+                    for r in (list(calibration_requests) * batch)[:batch]]
                 prompt = sum(len(r.prompt_ids) for r in requests) / len(requests)
-                fit = recorder.context_fit(prompt)
-                if fit is not None:
-                    slopes[key], means[key], longest[key] = fit
-                if plan is not None:
-                    tokens, rows = emitted.get(str(plan), (0, 0))
-                    emitted[str(plan)] = (tokens + recorder.tokens, rows + recorder.row_steps)
+                for plan in (SD_OFF,) * sd_off + (None,) + tuple(plans):
+                    # model-free drafts see this run's siblings only, not earlier runs
+                    engine.model_free = SuffixDrafts()
+                    recorder = _measure(engine, requests, plan, batch)
+                    key = (batch, "plain" if plan is None else str(plan))
+                    step_s.setdefault(key, []).append(recorder.seconds / len(recorder.steps))
+                    admission.setdefault(key, []).append(
+                        max(0.0, recorder.wall_s - recorder.all_steps_s))
+                    fit = recorder.context_fit(prompt)
+                    if fit is not None:
+                        fits.setdefault(key, []).append(fit)
+                    if plan is not None and plan is not SD_OFF:
+                        tokens, rows = emitted.get(str(plan), (0, 0))
+                        emitted[str(plan)] = (tokens + recorder.tokens,
+                                              rows + recorder.row_steps)
     finally:
         engine.model_free = kept
-    return CostModel(rates, time.perf_counter() - start,
-                     {plan: tokens / rows for plan, (tokens, rows) in emitted.items()},
-                     slopes, means, longest, admission)
+    acceptance = {plan: tokens / rows for plan, (tokens, rows) in emitted.items()}
+    # a step's duration is what was measured; the tokens it emits, the pooled acceptance
+    rates = {key: key[0] * acceptance.get(key[1], 1.0) / median(times)
+             for key, times in step_s.items()}
+    fitted = {key: tuple(median(column) for column in zip(*entries))
+              for key, entries in fits.items()}
+    return CostModel(rates, time.perf_counter() - start, acceptance,
+                     {key: fit[0] for key, fit in fitted.items()},
+                     {key: fit[1] for key, fit in fitted.items()},
+                     {key: fit[2] for key, fit in fitted.items()},
+                     {key: median(times) for key, times in admission.items()})
 
 
 class _Recorder:
     """A fixed-plan policy (None: plain steps, still under a policy, so the engine keeps the
     drafter's backlog as in the adaptive loop's SD-off phase) that adds up the full-batch
-    steps' tokens and seconds."""
+    steps' tokens and seconds. SD_OFF: no policy at all, the recorder only observes."""
 
     def __init__(self, plan, batch: int):
         self.plan, self.batch = plan, batch
@@ -188,7 +236,10 @@ class _Recorder:
 def _measure(engine, requests, plan, batch: int) -> _Recorder:
     recorder = _Recorder(plan, batch)
     start = time.perf_counter()
-    engine.generate(requests, recorder)
+    if plan is SD_OFF:
+        engine.generate(requests, None, observe=recorder.observe)
+    else:
+        engine.generate(requests, recorder)
     recorder.wall_s = time.perf_counter() - start
     if recorder.seconds == 0:
         raise RuntimeError(f"calibration: no step ran with all {batch} rows; raise max_tokens")

@@ -10,8 +10,11 @@ the mean acceptance of the simulated workload (given by the caller; default c(P)
 matter, because the makespan is the slowest row's, and a noisy row finishes later than an
 average one; a row finishes when it has produced its length; a finished row's slot takes the next
 waiting request. Admitting rows costs what the calibration measured outside the decode steps for
-that many fresh rows (prefill, scheduling, collecting results): it weighs on short rollouts. Plans per step: a fixed plan, none, or the adaptive choice (SD on at or below
-the threshold, the plan with the highest rate at that batch).
+that many fresh rows (prefill, scheduling, collecting results): it weighs on short rollouts.
+Plans: speculation off for the whole rollout (no drafter in the loop: the calibration's SD_OFF
+steps), or a plan per step (a fixed plan, or the adaptive choice: SD on at or below the
+threshold, the plan with the highest rate at that batch), whose plain steps (None) keep the
+drafter up to date as the adaptive loop does.
 
 Outputs: each worker's busy time, the makespan (the slowest worker), the idle worker-seconds
 (sum over workers of makespan - busy: the time spot training can use), and, given the training
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tlt_core.cost_model import CostModel
+from tlt_core.cost_model import SD_OFF, CostModel
 
 
 @dataclass(frozen=True)
@@ -40,10 +43,11 @@ class Prediction:
 
 
 def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_batch: int = 64,
-             group_size: int = 8, plan: Callable[[int], object | None] = lambda batch: None,
+             group_size: int = 8, plan: Callable[[int], object | None] | None = None,
              acceptance: dict[str, float] | None = None, prompt_length: float = 8.0,
              seed: int = 0) -> Prediction:
-    """plan(batch) -> the plan of a step at that running batch (None: plain); acceptance:
+    """plan: None, speculation off for the whole rollout; or plan(batch) -> the plan of a step
+    at that running batch (None: a plain step of a loop that may speculate); acceptance:
     str(plan) -> tokens a row emits per step on this workload (default: the calibration's).
     A step's duration comes from the calibration (its rate at the calibration's acceptance);
     its progress from the workload's acceptance; its context dependence (when calibrated) from
@@ -62,7 +66,7 @@ def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_b
         """Tokens one row emits in one step: 1 without a plan; with one, 1 + k accepted, k
         drawn so that P(k >= i) = alpha^i for i <= depth (a chain accepts a prefix, each
         draft token with about the same chance), alpha matched to the mean acceptance."""
-        if p is None:
+        if p is None or p is SD_OFF:
             return 1.0
         key = str(p)
         if key not in alphas:
@@ -82,12 +86,16 @@ def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_b
         while waiting or running:
             admitted = 0
             while waiting and len(running) < max_batch:
-                running.append([waiting.pop(0), 0.0])
+                # the prefill samples a row's first token: a row of length L decodes L - 1
+                running.append([waiting.pop(0) - 1.0, 1.0])
                 admitted += 1
-            batch = len(running)
-            chosen = plan(batch)
             if admitted:  # prefill and scheduling, outside the decode steps
-                clock += cost.admission(admitted, chosen)
+                clock += cost.admission(admitted, SD_OFF if plan is None else plan(len(running)))
+                running = [row for row in running if row[0] > 1e-9]
+                if not running:
+                    continue
+            batch = len(running)
+            chosen = SD_OFF if plan is None else plan(batch)
             context = prompt_length + sum(done for _, done in running) / batch
             clock += batch * calibrated(chosen) / cost.rate(batch, chosen, context)
             stepped = []

@@ -4,9 +4,10 @@ then a projection.
 Validation: for several tail shapes (`tlt_core.traces` families, 64 forced-length requests in
 groups of 8, on prompts whose natural responses are longer than any forced length), 2 gloo
 ranks (one thread each) each calibrate a cost model on their engine (in parallel, as they then
-run), then roll out each trace with SD off and with SD (6,1,7) on every step; the simulator
-predicts each makespan from rank 0's cost model and the run's mean acceptance. A row per (shape, mode):
-measured, predicted, error. Projection: the simulator alone, for many workers and a long trace,
+run; every measurement swept `reps` times, medians kept), then roll out each trace `reps`
+times with SD off and with SD (6,1,7) on every step; the simulator predicts each median
+makespan from rank 0's cost model (SD off from its SD_OFF steps, with no drafter in the loop)
+and the run's mean acceptance. A row per (shape, mode): measured, predicted, error. Projection: the simulator alone, for many workers and a long trace,
 with a cost model from a calibration file (the GPU script writes one) or this machine's: a
 projection, not a measurement.
 """
@@ -60,7 +61,8 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     long_prompts = [tuple(tokenizer.prompt_ids(p.prompt)) for p in generate_problems(
         TaskConfig(seed=31, num_problems=12, min_steps=57, max_steps=63))]
     calibration = replay_requests([192] * 4, long_prompts[8:], group_size=1)
-    cost = calibrate(engine, [PLAN], CALIBRATION_BATCHES, calibration, max_tokens=192)
+    cost = calibrate(engine, [PLAN], CALIBRATION_BATCHES, calibration, max_tokens=192,
+                     sd_off=True, reps=setup["reps"])
     if rank == 0:
         save_calibration(cost, setup["calibration"], "cpu")
     prompts = long_prompts[:8]
@@ -107,7 +109,8 @@ def validate(target_folder: Path, drafter_folder: Path, reps: int = 3) -> dict:
         # response, where drafts are accepted less than on the calibration's text
         measured = {str(PLAN): row["acceptance_length"]} if plan is not None else None
         predicted = simulate(row["lengths"], cost, workers=2, max_batch=32, group_size=8,
-                             plan=lambda batch, plan=plan: plan, acceptance=measured)
+                             plan=None if plan is None else lambda batch: PLAN,
+                             acceptance=measured)
         row["predicted_s"] = predicted.makespan_s
         row["idle_worker_s"] = predicted.idle_worker_s
         row["predicted_steps"] = predicted.steps
