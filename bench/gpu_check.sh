@@ -12,10 +12,8 @@
 # OUT_DIR/nvml_trace_h200.json  an NVML utilization trace for tests/test_idle.py
 # OUT_DIR/calibration_cuda.json, rollout_cuda.json, projection_cuda.json  bench/gpu_rollout.py:
 #                           the cost model, `tlt bench rollout` (graph-pool study included) and
-#                           the simulator's projection on this GPU; needs the warm embedded
-#                           model and drafter carried in $TLT_CACHE_DIR (skipped without them):
-#                           cp -r ~/.cache/tlt_core runs/tlt-cache here, carry runs/tlt-cache,
-#                           and run with TLT_CACHE_DIR=runs/tlt-cache
+#                           the simulator's projection on this GPU, on the shipped embedded
+#                           model and drafter
 # TLT_GPU_KERNEL_BENCH=0 skips the kernel benchmark; TLT_GPU_ROLLOUT=0 the rollout stage.
 set -euo pipefail
 OUT_DIR="$(mkdir -p "${1:?usage: bash bench/gpu_check.sh OUT_DIR}" && cd "$1" && pwd)"

@@ -2,9 +2,8 @@
 
     python bench/gpu_rollout.py OUT_DIR [--device cuda] [--rounds 2]
 
-Needs the warm embedded model and drafter in $TLT_CACHE_DIR (carry them: training them here
-would not fit the GPU script's 8 minutes). Writes
-  OUT_DIR/calibration_<device>.json  the cost model (tlt_core.simulator.load_calibration reads it)
+On the embedded model and drafter (shipped with the package). Writes
+  OUT_DIR/calibration_<device>.json  the cost model (tlt_core.sim.load_calibration reads it)
   OUT_DIR/rollout_<device>.json      `tlt bench rollout` on this device, graph-pool study included
   OUT_DIR/projection_<device>.json   the simulator's 64-worker projection on this calibration
 """
@@ -16,18 +15,14 @@ from pathlib import Path
 
 import torch
 
-from tlt_core.adaptive import DEFAULT_PLANS
+from tlt_core.adaptive.policy import DEFAULT_PLANS
 from tlt_core.bench import rollout as bench_rollout
 from tlt_core.bench import simulate as bench_simulate
-from tlt_core.cost_model import calibrate
-from tlt_core.drafter import Drafter
-from tlt_core.drafter_training import DrafterWarmupConfig, drafter_folder
-from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
+from tlt_core.adaptive.cost_model import calibrate
+from tlt_core.embedded import CharTokenizer, TaskConfig, generate_problems, load_embedded
 from tlt_core.engine import EngineConfig, RolloutEngine
-from tlt_core.simulator import save_calibration
-from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
-from tlt_core.traces import replay_requests
-from tlt_core.warmup import WarmupConfig, cache_dir, load_or_train
+from tlt_core.sim.simulator import save_calibration
+from tlt_core.sim.traces import replay_requests
 
 
 def main() -> int:
@@ -36,15 +31,9 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    folder = cache_dir(WarmupConfig(), EMBEDDED_MODEL_CONFIG)
-    drafter_path = drafter_folder(folder, DrafterWarmupConfig())
-    if not (folder / "warmup_report.json").is_file() or not drafter_path.is_dir():
-        print(f"gpu_rollout: no warm model and drafter under {folder}; carry $TLT_CACHE_DIR "
-              "(skipping the rollout stage)", file=sys.stderr)
-        return 0
     device = torch.device(args.device)
-    target = load_or_train(progress=False)[0].to(device).eval()
-    drafter = Drafter.load(drafter_path, target).eval()
+    workload = load_embedded(progress=False)  # shipped: nothing to train on the GPU machine
+    target, drafter = workload.target.to(device).eval(), workload.drafter.to(device).eval()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     tag = args.device.split(":")[0]
     args.out.mkdir(parents=True, exist_ok=True)

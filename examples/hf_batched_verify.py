@@ -10,9 +10,10 @@ the accepted entries of both models' `DynamicCache`s into place. Rows accept dif
 of tokens and finish at different times.
 
     python examples/hf_batched_verify.py                        # tiny random Llama pair, seconds
-    python examples/hf_batched_verify.py --models embedded      # the warm embedded model and its
-                                                                # 2-layer assistant (trained and
-                                                                # cached on first use, minutes)
+    python examples/hf_batched_verify.py --models embedded      # the pre-trained embedded model
+                                                                # and a 2-layer assistant (that
+                                                                # one trained and cached on first
+                                                                # use, minutes)
     python examples/hf_batched_verify.py --target PATH --draft PATH --prompt "..." --prompt "..."
 
 What it proves (asserted; a failure exits non-zero):
@@ -406,15 +407,15 @@ def tiny_random_models(vocab: int = 48, seed: int = 0):
 
 
 def embedded_models(progress: bool = True):
-    """The warm embedded target and the 2-layer assistant of `tlt bench peers` (each trained
+    """The pre-trained embedded target and the 2-layer assistant of `tlt bench peers` (trained
     and cached on first use), exported to HF checkpoints and loaded with transformers."""
     from transformers import AutoModelForCausalLM
 
     from tlt_core.bench.peers import assistant_model
-    from tlt_core.checkpoint import save_checkpoint
-    from tlt_core.warmup import load_or_train
+    from tlt_core.model.checkpoint import save_checkpoint
+    from tlt_core.embedded.workload import load_pretrained
 
-    ours_target, _ = load_or_train(progress=progress)
+    ours_target = load_pretrained(progress=progress)[0]
     ours_draft = assistant_model(progress)
     models = []
     for model in (ours_target, ours_draft):
@@ -429,7 +430,7 @@ def main(argv: list[str] | None = None) -> dict:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", choices=("tiny", "embedded"), default="tiny",
                         help="tiny: random 4-layer Llama + its 2-layer layer-skip draft (default); "
-                             "embedded: the warm embedded model + its 2-layer assistant")
+                             "embedded: the pre-trained embedded model + its 2-layer assistant")
     parser.add_argument("--target", help="a local HF model folder (with its tokenizer); "
                                          "overrides --models")
     parser.add_argument("--draft", help="the draft model folder (same vocabulary) for --target")
@@ -457,7 +458,7 @@ def main(argv: list[str] | None = None) -> dict:
         prompts = [tokenizer(text)["input_ids"] for text in args.prompt]
         eos_id = tokenizer.eos_token_id
     elif args.models == "embedded":
-        from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
+        from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 
         target, draft = embedded_models()
         tokenizer = CharTokenizer()

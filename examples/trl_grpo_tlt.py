@@ -1,14 +1,14 @@
 """TRL's GRPOTrainer with tlt_core's rollout engine as its generator (`rollout_func`).
 
     python examples/trl_grpo_tlt.py                    # tiny random model, toy reward, seconds
-    python examples/trl_grpo_tlt.py --model embedded   # the warm embedded model and drafter on the
-                                                       # embedded task, adaptive SD (trained and
-                                                       # cached on first use, minutes)
+    python examples/trl_grpo_tlt.py --model embedded   # the pre-trained embedded model and
+                                                       # its drafter on the embedded task,
+                                                       # adaptive SD (about a minute)
 
 TRL (1.16) trains: its dataloader, rewards, advantages, loss and optimizer are untouched. Only
 generation is ours: `tlt_core.integrations.TLTRollout` syncs the trainer's weights into the
 engine's target when TRL's global step moved, tokenizes the prompts with TRL's own code, and
-generates each GRPO group with the engine — speculatively (the warm EAGLE drafter under the
+generates each GRPO group with the engine — speculatively (the embedded EAGLE drafter under the
 adaptive policy for the embedded model; a fixed chain Strategy(3, 1, 4) with an untrained
 drafter for the tiny one, which is slow to accept but exactly as lossless).
 
@@ -41,9 +41,9 @@ import tempfile
 
 import torch
 
-from tlt_core.checkpoint import save_checkpoint
-from tlt_core.model import ModelConfig, Transformer
-from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
+from tlt_core.model.checkpoint import save_checkpoint
+from tlt_core.model.transformer import ModelConfig, Transformer
+from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 
 TOLERANCE = 1e-4  # fp32 logits of two implementations of the same model differ by ~1e-6
 
@@ -107,19 +107,19 @@ def main(argv: list[str] | None = None) -> dict:
 
     from tlt_core.bench.peers import _char_tokenizer
     from tlt_core.integrations import TLTRollout
-    from tlt_core.speculative import Strategy
+    from tlt_core.drafting.tree import Strategy
 
     if args.model == "embedded":
-        from tlt_core.train_setup import embedded_inputs, embedded_reward
+        from tlt_core.embedded.workload import train_inputs, embedded_reward
 
-        inputs = embedded_inputs(progress=True)
+        inputs = train_inputs(progress=True)
         target, drafter = inputs.policy, inputs.drafter
         strategy, lr, max_len = "adaptive", args.lr or 5e-5, args.max_completion_length or 128
 
         def reward(prompts, completions, answer, **kwargs):
             return [embedded_reward(p, c, a) for p, c, a in zip(prompts, completions, answer)]
     else:
-        from tlt_core.drafter import Drafter
+        from tlt_core.drafting.drafter import Drafter
 
         target = tiny_target(args.seed)
         drafter = Drafter(target)  # untrained: few drafts accepted, every one verified
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _stale_gap(config: ModelConfig, weights: dict, generated: dict) -> float:
     """max |engine log-probs - log-probs under `weights`| over a call's completions."""
-    from tlt_core.grpo import response_logprobs
+    from tlt_core.rl.grpo import response_logprobs
 
     stale = Transformer(config)
     stale.load_state_dict(weights)

@@ -5,7 +5,7 @@ by Drafter.save."""
 from pathlib import Path
 
 from tests.speculative_fixtures import VOCAB, tiny_target, train_drafter
-from tlt_core.checkpoint import save_checkpoint
+from tlt_core.model.checkpoint import save_checkpoint
 
 
 def word(i: int) -> str:

@@ -4,10 +4,10 @@ import random
 
 import torch
 
-from tlt_core.drafter import Drafter, DrafterConfig
-from tlt_core.drafter_training import collect_records, make_batch, make_optimizer, train_step
+from tlt_core.drafting.drafter import Drafter, DrafterConfig
+from tlt_core.drafting.training import collect_records, make_batch, make_optimizer, train_step
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.model import ModelConfig, Transformer
+from tlt_core.model.transformer import ModelConfig, Transformer
 
 VOCAB = 40
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [12, 13, 14, 15], [20, 21],

@@ -5,15 +5,15 @@ import pytest
 import torch
 
 from tests.speculative_fixtures import PROMPTS
-from tlt_core.adaptive import AdaptivePolicy
-from tlt_core.bandit import StrategyBandit
-from tlt_core.cost_model import SD_OFF, calibrate
-from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.model_free import ModelFree
-from tlt_core.sd_switch import SDSwitch
-from tlt_core.speculative import Strategy
+from tlt_core.adaptive.policy import AdaptivePolicy
+from tlt_core.adaptive.bandit import PlanBandit
+from tlt_core.adaptive.cost_model import SD_OFF, calibrate
+from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams, StepOutcome
+from tlt_core.drafting.suffix_match import SuffixMatch
+from tlt_core.adaptive.sd_switch import SDSwitch
+from tlt_core.drafting.tree import Strategy
 
-PLANS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(3, 2, 6), ModelFree(6))
+PLANS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(3, 2, 6), SuffixMatch(6))
 
 
 def test_switch_does_not_flap_on_an_oscillating_batch():
@@ -47,13 +47,13 @@ def test_greedy_outputs_identical_with_the_adaptive_loop_on_and_off(target, draf
     engine = RolloutEngine(target, EngineConfig(max_batch=8, max_len=64), drafter)
     plain = [r.tokens.tolist() for r in engine.generate(requests).rollouts]
     for switch in (SDSwitch(on_at=6, off_above=7), SDSwitch(on_at=8)):
-        policy = AdaptivePolicy(PLANS, switch, StrategyBandit(PLANS, epsilon=1.0, seed=3))
+        policy = AdaptivePolicy(PLANS, switch, PlanBandit(PLANS, epsilon=1.0, seed=3))
         result = engine.generate(requests, policy)
         assert [r.tokens.tolist() for r in result.rollouts] == plain
         assert policy.stats.spec_steps == len(result.spec_steps) > 0
         assert switch.transitions == 1  # on once; never back off while draining
     assert policy.stats.plain_steps == 0
-    assert {s.strategy for s in result.spec_steps} == {str(p) for p in PLANS}
+    assert {s.plan_key for s in result.spec_steps} == {p.key for p in PLANS}
 
 
 def test_calibration_seeds_the_switch_and_the_bandit(target, drafter):
@@ -72,7 +72,9 @@ def test_calibration_seeds_the_switch_and_the_bandit(target, drafter):
     # every calibration run's time outside its decode steps (prefill, scheduling) is measured
     assert set(model.admission_s) == set(model.rates)
     assert all(seconds > 0 for seconds in model.admission_s.values())
-    # calibration left the engine's model-free history alone and the engine usable
+    # calibration ran on its own suffix index: the engine's history is untouched; the engine
+    # is usable
+    assert len(engine.suffix_index) == 0
     assert engine.generate(_requests(1)).rollouts
     with pytest.raises(ValueError, match="calibration_requests"):
         AdaptivePolicy.from_calibration(engine, PLANS, [])
@@ -85,10 +87,10 @@ def test_calibration_sweeps_keep_medians_and_can_time_sd_off(target, drafter):
     model = calibrate(engine, [plan], (1, 4), calibration, max_tokens=12, sd_off=True, reps=3)
     # SD off for the whole call (no drafter in the loop) is measured beside the adaptive
     # loop's plain steps and the plan
-    assert set(model.rates) == {(b, k) for b in (1, 4) for k in ("off", "plain", str(plan))}
+    assert set(model.rates) == {(b, k) for b in (1, 4) for k in ("off", "plain", plan.key)}
     assert set(model.admission_s) == set(model.rates)
     assert model.key(SD_OFF) == "off" and model.key(None) == "plain"
-    assert model.acceptance[str(plan)] >= 1
+    assert model.acceptance[plan.key] >= 1
     with pytest.raises(ValueError, match="reps"):
         calibrate(engine, [plan], (1,), calibration, reps=0)
 
@@ -96,7 +98,7 @@ def test_calibration_sweeps_keep_medians_and_can_time_sd_off(target, drafter):
 def test_a_burst_in_one_calibration_sweep_is_ignored(target, drafter, monkeypatch):
     """Scripted measurements: the second of three sweeps is 5x slower (someone else's work on
     a shared machine); the model keeps every sweep's median."""
-    import tlt_core.cost_model as cost_model
+    import tlt_core.adaptive.cost_model as cost_model
 
     sweep = iter([1, 1, 5, 5, 1.2, 1.2])  # a step's seconds: (plain, plan) per sweep
 
@@ -105,7 +107,7 @@ def test_a_burst_in_one_calibration_sweep_is_ignored(target, drafter, monkeypatc
         step = next(sweep)
         emitted = 3 if plan is not None else 1  # a plan's rows emit 3 tokens a step
         for index in range(4):
-            recorder.observe(batch, plan, batch * emitted, step)
+            recorder.observe(StepOutcome(batch, plan, batch * emitted, step))
         recorder.wall_s = recorder.all_steps_s + step / 10  # admission: a tenth of a step
         return recorder
 
@@ -114,15 +116,15 @@ def test_a_burst_in_one_calibration_sweep_is_ignored(target, drafter, monkeypatc
     calibration = [Request(PROMPTS[0], SamplingParams(max_tokens=8))]
     plan = Strategy(2, 1, 3)
     model = calibrate(engine, [plan], (2,), calibration, reps=3)
-    assert model.acceptance == {str(plan): 3}
+    assert model.acceptance == {plan.key: 3}
     assert model.rates == {(2, "plain"): pytest.approx(2 / 1.2),
-                           (2, str(plan)): pytest.approx(2 * 3 / 1.2)}
+                           (2, plan.key): pytest.approx(2 * 3 / 1.2)}
     assert model.admission_s[(2, "plain")] == pytest.approx(0.12)
 
 
 def test_policy_state_round_trips_through_a_checkpoint(target, drafter, tmp_path):
     engine = RolloutEngine(target, EngineConfig(max_batch=8, max_len=64), drafter)
-    make = lambda: AdaptivePolicy(PLANS, SDSwitch(on_at=8), StrategyBandit(PLANS, seed=1))  # noqa: E731
+    make = lambda: AdaptivePolicy(PLANS, SDSwitch(on_at=8), PlanBandit(PLANS, seed=1))  # noqa: E731
     policy = make()
     engine.generate(_requests(2, temperature=1.0), policy)
     torch.save(policy.state_dict(), tmp_path / "policy.pt")
@@ -135,11 +137,11 @@ def test_policy_state_round_trips_through_a_checkpoint(target, drafter, tmp_path
         assert repr(resumed.bandit.estimate(3, arm)) == repr(policy.bandit.estimate(3, arm))
 
 
-def test_a_drafterless_engine_adapts_over_model_free_plans_only(target):
+def test_a_drafterless_engine_adapts_over_suffix_match_plans_only(target):
     engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=64))
     calibration = [Request(PROMPTS[0], SamplingParams(temperature=1.0, max_tokens=12))]
     policy = AdaptivePolicy.from_calibration(engine, PLANS, calibration, bucket_edges=(1, 4))
-    assert policy.plans == (ModelFree(6),)
+    assert policy.plans == (SuffixMatch(6),)
     with pytest.raises(ValueError, match="drafter"):
         engine.generate(_requests(1), Strategy(2, 1, 3))
 

@@ -1,4 +1,4 @@
-"""BEG-MAB strategy bandit (csrc/bandit.cpp): convergence, epsilon, window, priors, state."""
+"""BEG-MAB plan bandit (csrc/bandit.cpp): convergence, epsilon, window, priors, state."""
 
 import math
 import random
@@ -6,8 +6,8 @@ import random
 import pytest
 
 from tlt_core import _C
-from tlt_core.bandit import StrategyBandit
-from tlt_core.speculative import Strategy
+from tlt_core.adaptive.bandit import PlanBandit
+from tlt_core.drafting.tree import Strategy
 
 ARMS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(6, 1, 7), Strategy(4, 2, 8))
 
@@ -22,7 +22,7 @@ def _play(bandit, means, steps, batch, rng, noise=0.3):
 
 
 def test_converges_to_the_best_arm_of_each_bucket():
-    bandit = StrategyBandit(ARMS, bucket_edges=(1, 4, 16), epsilon=0.1, window=32, seed=1)
+    bandit = PlanBandit(ARMS, bucket_edges=(1, 4, 16), epsilon=0.1, window=32, seed=1)
     rng = random.Random(0)
     small = _play(bandit, [1.0, 2.0, 3.0, 1.5], 400, batch=1, rng=rng)
     large = _play(bandit, [3.0, 1.0, 1.0, 2.0], 400, batch=12, rng=rng)
@@ -32,12 +32,12 @@ def test_converges_to_the_best_arm_of_each_bucket():
 
 
 def test_epsilon_zero_never_explores_and_one_is_uniform():
-    greedy = StrategyBandit(ARMS, epsilon=0.0)
+    greedy = PlanBandit(ARMS, epsilon=0.0)
     for arm in range(len(ARMS)):
         greedy.update(3, arm, float(arm))  # every arm seen once; the last is best
     assert {greedy.select(3) for _ in range(200)} == {len(ARMS) - 1}
     assert greedy.explorations == 0
-    uniform = StrategyBandit(ARMS, epsilon=1.0, seed=5)
+    uniform = PlanBandit(ARMS, epsilon=1.0, seed=5)
     counts = [0] * len(ARMS)
     for _ in range(4000):
         counts[uniform.select(3)] += 1
@@ -48,14 +48,14 @@ def test_epsilon_zero_never_explores_and_one_is_uniform():
 
 
 def test_explores_at_rate_epsilon():
-    bandit = StrategyBandit(ARMS, epsilon=0.2, seed=3)
+    bandit = PlanBandit(ARMS, epsilon=0.2, seed=3)
     for _ in range(5000):
         bandit.select(2)
     assert bandit.explorations / 5000 == pytest.approx(0.2, abs=0.02)
 
 
 def test_untried_arms_are_tried_before_exploiting():
-    bandit = StrategyBandit(ARMS, epsilon=0.0)
+    bandit = PlanBandit(ARMS, epsilon=0.0)
     seen = []
     for _ in range(len(ARMS)):
         arm = bandit.select(1)
@@ -65,7 +65,7 @@ def test_untried_arms_are_tried_before_exploiting():
 
 
 def test_priors_count_as_prior_weight_observations_and_the_window_forgets():
-    bandit = StrategyBandit(ARMS[:2], bucket_edges=(8,), epsilon=0.0, window=4, prior_weight=2.0)
+    bandit = PlanBandit(ARMS[:2], bucket_edges=(8,), epsilon=0.0, window=4, prior_weight=2.0)
     bandit.seed_priors(lambda edge, arm: 10.0 if arm == ARMS[1] else 5.0)
     assert bandit.select(8) == 1  # the prior's optimum, before any reward
     assert bandit.estimate(8, 1) == 10.0
@@ -79,7 +79,7 @@ def test_priors_count_as_prior_weight_observations_and_the_window_forgets():
 
 
 def test_a_drifting_reward_is_followed_within_a_window():
-    bandit = StrategyBandit(ARMS[:2], epsilon=0.1, window=16, prior_weight=0.0, seed=2)
+    bandit = PlanBandit(ARMS[:2], epsilon=0.1, window=16, prior_weight=0.0, seed=2)
     rng = random.Random(1)
     _play(bandit, [2.0, 1.0], 300, batch=1, rng=rng)
     assert bandit.best(1) == ARMS[0]
@@ -89,11 +89,11 @@ def test_a_drifting_reward_is_followed_within_a_window():
 
 def test_state_round_trips_and_continues_identically():
     rng = random.Random(4)
-    bandit = StrategyBandit(ARMS, epsilon=0.3, seed=9)
+    bandit = PlanBandit(ARMS, epsilon=0.3, seed=9)
     bandit.seed_priors(lambda edge, arm: edge * arm.depth)
     _play(bandit, [1, 2, 3, 4], 50, batch=5, rng=rng)
     state = bandit.state_dict()
-    twin = StrategyBandit(ARMS, epsilon=0.3, seed=123)  # another seed: the state carries the stream
+    twin = PlanBandit(ARMS, epsilon=0.3, seed=123)  # another seed: the state carries the stream
     twin.load_state_dict(state)
     rewards = [random.Random(7).random() for _ in range(100)]
     a, b = [], []
@@ -108,16 +108,16 @@ def test_state_round_trips_and_continues_identically():
 
 def test_bad_arguments_and_bad_state_are_named():
     with pytest.raises(ValueError, match="bucket_edges"):
-        StrategyBandit(ARMS, bucket_edges=(4, 2))
+        PlanBandit(ARMS, bucket_edges=(4, 2))
     with pytest.raises(ValueError, match="epsilon"):
-        StrategyBandit(ARMS, epsilon=1.5)
+        PlanBandit(ARMS, epsilon=1.5)
     with pytest.raises(ValueError, match="window"):
-        StrategyBandit(ARMS, window=0)
+        PlanBandit(ARMS, window=0)
     with pytest.raises(ValueError, match="arms"):
-        StrategyBandit([])
+        PlanBandit([])
     with pytest.raises(ValueError, match="arms"):
-        StrategyBandit([ARMS[0], ARMS[0]])
-    bandit = StrategyBandit(ARMS)
+        PlanBandit([ARMS[0], ARMS[0]])
+    bandit = PlanBandit(ARMS)
     with pytest.raises(ValueError, match="batch"):
         bandit.select(0)
     with pytest.raises(ValueError, match="arm"):
@@ -125,12 +125,12 @@ def test_bad_arguments_and_bad_state_are_named():
     with pytest.raises(ValueError, match="reward"):
         bandit.update(1, 0, math.nan)
     with pytest.raises(ValueError, match="state"):
-        bandit.load_state_dict({"arms": [str(a) for a in ARMS], "state": b"junk"})
-    other = StrategyBandit(ARMS, window=8)
+        bandit.load_state_dict({"arms": [a.key for a in ARMS], "state": b"junk"})
+    other = PlanBandit(ARMS, window=8)
     with pytest.raises(ValueError, match="window"):
         bandit.load_state_dict(other.state_dict())
     with pytest.raises(ValueError, match="arms"):
-        StrategyBandit(ARMS[:2]).load_state_dict(bandit.state_dict())
+        PlanBandit(ARMS[:2]).load_state_dict(bandit.state_dict())
     truncated = bandit.state_dict()
     truncated["state"] = truncated["state"][:-3]
     with pytest.raises(ValueError, match="truncated"):

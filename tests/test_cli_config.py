@@ -1,6 +1,6 @@
 """The `tlt` command line: config files (TOML, YAML) between the defaults and the flags, errors
 that name the key and the file, flags derived from the config dataclasses, complete help for
-every subcommand, and `tlt export` wired whether or not its module is importable."""
+every subcommand, and every subcommand wired to its runner."""
 
 import argparse
 import sys
@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from tlt_core.cli import build_parser, main
-from tlt_core.cli_options import walk_parsers, subparsers_action
-from tlt_core.config_file import ConfigError, load_config_file, parse_args
-from tlt_core.train import TrainConfig
+from tlt_core.cli.options import walk_parsers, subparsers_action
+from tlt_core.cli.config_file import ConfigError, load_config_file, parse_args
+from tlt_core.rl.driver import TrainConfig
 
 TOML = """
 steps = 3
@@ -58,9 +58,9 @@ def test_defaults_then_file_then_flags(config_file):
 
 def test_on_off_flags_and_lists(tmp_path):
     on = tmp_path / "on.toml"
-    on.write_text("tlt = true\nmodel_free = false\n")
+    on.write_text("tlt = true\nsuffix_drafts = false\n")
     args = parse(["train", "--config", str(on), "--no-tlt"])
-    assert (args.tlt, args.model_free) == (False, False)  # the flag beats the file
+    assert (args.tlt, args.suffix_drafts) == (False, False)  # the flag beats the file
     bench = tmp_path / "bench.toml"
     bench.write_text('batch = [1, 2]\nvocab = "100,200"\n')
     args = parse(["bench", "kernels", "--config", str(bench), "--nodes", "4"])
@@ -165,7 +165,12 @@ def test_top_level_help_lists_every_subcommand(capsys):
         assert command in text
 
 
-def test_export_is_wired_from_export_cli():
+def test_export_is_wired():
     args = parse(["export", "drafter", "--to", "eagle", "out-folder"])
     assert (args.command, args.export, args.to, str(args.out)) == \
         ("export", "drafter", "eagle", "out-folder")
+
+
+def test_every_leaf_has_a_runner():
+    for path, parser in leaves():
+        assert callable(parser.get_default("runner")), f"tlt {' '.join(path)}: no runner"

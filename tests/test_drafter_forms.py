@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from tlt_core.drafter import DRAFTER_CONFIG_FILE, Drafter, DrafterConfig
-from tlt_core.drafter_training import collect_records, eagle_loss, make_batch
+from tlt_core.drafting.drafter import DRAFTER_CONFIG_FILE, Drafter, DrafterConfig
+from tlt_core.drafting.training import collect_records, eagle_loss, make_batch
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.harvest import HarvestBuffer
-from tlt_core.speculative import Strategy
-from tlt_core.spot_trainer import SpotConfig, SpotTrainer
+from tlt_core.workers.harvest import HarvestBuffer
+from tlt_core.drafting.tree import Strategy
+from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
 
 from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
 
@@ -65,7 +65,7 @@ def test_head_on_the_regression_target_gives_the_target_logits(target, form):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("form", FORMS)
 def test_packed_inference_equals_the_autograd_path(form, dtype):
-    """With a cache at inference the drafter runs its packed layer (tlt_core.decode): a ragged
+    """With a cache at inference the drafter runs its packed layer (tlt_core.model.packed): a ragged
     prefix prefilled row by row, then the next tokens of all rows in one call, must give what
     the autograd module computes over each whole row without a cache. float32 folds the norms'
     weights into the matmuls, bfloat16 keeps the norms; form eagle has no input norm at all."""
@@ -149,8 +149,8 @@ def test_eagle_drafter_spot_trains_on_harvested_data(target):
     engine.generate([Request(p, SamplingParams(temperature=0.0, max_tokens=30)) for p in PROMPTS],
                     strategy=Strategy(3, 2, 5))
     trainer = SpotTrainer(drafter, harvest, SpotConfig(lr=3e-3, batch_tokens=256))
-    first = trainer.train(lambda: False, max_steps=1)
-    later = trainer.train(lambda: False, max_steps=40)
+    first = trainer.train_until(lambda: False, max_steps=1)
+    later = trainer.train_until(lambda: False, max_steps=40)
     assert later.last_loss < first.last_loss
 
 

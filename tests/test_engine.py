@@ -5,9 +5,9 @@ output, returned log-probs equal the model's recomputation, bad requests fail cl
 import pytest
 import torch
 
-from tlt_core.engine import (EngineConfig, Request, RolloutEngine, SamplingParams, sample_next,
+from tlt_core.engine import (EngineConfig, Request, RolloutEngine, SamplingParams, sample_roots,
                              sample_seed)
-from tlt_core.model import ModelConfig, Transformer
+from tlt_core.model.transformer import ModelConfig, Transformer
 from tlt_core.ops import reference
 
 VOCAB = 40
@@ -29,8 +29,11 @@ def naive_generate(model, prompt, params, seed, stop_ids=()):
     with torch.no_grad():
         for offset in range(params.max_tokens):
             logits = model(torch.tensor([ids]), torch.arange(len(ids))[None]).logits[:, -1]
-            token, _ = sample_next(logits, torch.tensor([ids[-1]]), [params],
-                                   torch.tensor([seed]), torch.tensor([offset]))
+            token, _ = sample_roots(
+                logits, torch.tensor([ids[-1]]), temperature=torch.tensor([params.temperature]),
+                top_k=torch.tensor([params.top_k], dtype=torch.int32),
+                top_p=torch.tensor([params.top_p]), seed=torch.tensor([seed]),
+                offset=torch.tensor([offset]))
             ids.append(int(token[0]))
             tokens.append(int(token[0]))
             if tokens[-1] in stop_ids:
@@ -109,8 +112,8 @@ def test_observe_hook_sees_every_step_of_plain_decoding(model):
     requests = [Request([1, 2], SamplingParams(temperature=0.0, max_tokens=m)) for m in (3, 6)]
     steps = []
     result = RolloutEngine(model, EngineConfig(max_batch=2, max_len=16)).generate(
-        requests, observe=lambda batch, plan, emitted, seconds: steps.append(
-            (batch, plan, emitted, seconds > 0)))
+        requests, observe=lambda step: steps.append(
+            (step.batch, step.plan, step.emitted, step.seconds > 0)))
     assert steps == [(2, None, 2, True)] * 2 + [(1, None, 1, True)] * 3
     assert result.decode_steps == len(steps)
 
@@ -138,6 +141,43 @@ def test_bad_requests_fail_clearly(model):
             SamplingParams(**bad)
     with pytest.raises(ValueError, match="max_batch"):
         EngineConfig(max_batch=0)
-    from tlt_core.kv_cache import CacheBudgetError
+    from tlt_core.model.kv_cache import CacheBudgetError
     with pytest.raises(CacheBudgetError, match="budget_bytes"):
         RolloutEngine(model, EngineConfig(max_batch=64, max_len=4096, cache_budget_bytes=1 << 20))
+
+
+def test_a_policy_is_told_every_step_it_chose_and_an_observer_every_step(model):
+    """A PlanPolicy gets the outcome of each step it chose; an explicit observer too."""
+    requests = [Request([1, 2], SamplingParams(temperature=0.0, max_tokens=m)) for m in (3, 5)]
+
+    class Plain:  # a PlanPolicy that never speculates
+        def __init__(self):
+            self.chosen, self.told = [], []
+
+        def choose(self, batch):
+            self.chosen.append(batch)
+            return None
+
+        def observe(self, outcome):
+            self.told.append((outcome.batch, outcome.plan, outcome.emitted))
+
+    policy, seen = Plain(), []
+    result = RolloutEngine(model, EngineConfig(max_batch=2, max_len=16)).generate(
+        requests, policy, observe=lambda step: seen.append(step.batch))
+    assert policy.chosen == seen == [2, 2, 1, 1] == [b for b, _, _ in policy.told]
+    assert all(plan is None for _, plan, _ in policy.told)
+    assert result.decode_steps == 4
+
+
+def test_one_call_at_a_time_and_distinct_request_ids(model):
+    engine = RolloutEngine(model, EngineConfig(max_batch=2, max_len=16))
+    requests = [Request([1, 2], SamplingParams(temperature=0.0, max_tokens=3))]
+
+    def reentrant(batch):  # a policy that calls back into the engine
+        engine.generate(requests)
+
+    with pytest.raises(RuntimeError, match="one call at a time"):
+        engine.generate(requests, reentrant)
+    assert engine.generate(requests).rollouts  # the refused call left the engine usable
+    with pytest.raises(ValueError, match="request_ids: ids must be distinct"):
+        engine.generate(requests * 2, request_ids=[4, 4])

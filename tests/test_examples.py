@@ -70,7 +70,7 @@ def test_trl_grpo_with_tlt_rollout_logprobs_agree_and_weights_sync():
 
 
 def _tiny_model(seed: int):
-    from tlt_core.model import ModelConfig, Transformer
+    from tlt_core.model.transformer import ModelConfig, Transformer
 
     torch.manual_seed(seed)
     model = Transformer(ModelConfig(vocab_size=19, hidden_size=32, intermediate_size=64,
@@ -88,7 +88,7 @@ class StandInTrainer:
     the parameter names are the same as a transformers model's."""
 
     def __init__(self, model, **overrides):
-        from tlt_core.task import CharTokenizer
+        from tlt_core.embedded.task import CharTokenizer
 
         self.model, self.tokenizer = model, CharTokenizer()
         self.accelerator = SimpleNamespace(unwrap_model=lambda m: m, process_index=0)
@@ -109,7 +109,7 @@ class StandInTrainer:
 
 def test_tlt_rollout_returns_one_completion_per_prompt_and_syncs_weights_on_step():
     from tlt_core.integrations import TLTRollout
-    from tlt_core.speculative import Strategy
+    from tlt_core.drafting.tree import Strategy
 
     trainer = StandInTrainer(_tiny_model(0))
     rollout = TLTRollout(_tiny_model(1), strategy=None)
@@ -139,7 +139,7 @@ def test_tlt_rollout_returns_one_completion_per_prompt_and_syncs_weights_on_step
 
     # greedy rows are reproducible and SD does not change them
     greedy = StandInTrainer(trainer.model, temperature=0.0)
-    from tlt_core.drafter import Drafter
+    from tlt_core.drafting.drafter import Drafter
 
     target = _tiny_model(2)
     plain = TLTRollout(target, strategy=None)(prompts, greedy)["completion_ids"]
@@ -148,8 +148,8 @@ def test_tlt_rollout_returns_one_completion_per_prompt_and_syncs_weights_on_step
 
 
 def test_tlt_rollout_adaptive_policy_is_calibrated_at_the_first_call():
-    from tlt_core.adaptive import AdaptivePolicy
-    from tlt_core.drafter import Drafter
+    from tlt_core.adaptive.policy import AdaptivePolicy
+    from tlt_core.drafting.drafter import Drafter
     from tlt_core.integrations import TLTRollout
 
     target = _tiny_model(3)

@@ -10,14 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tlt_core.checkpoint import save_checkpoint
-from tlt_core.drafter import Drafter, DrafterConfig
+from tlt_core.model.checkpoint import save_checkpoint
+from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.export import (EXPORT_FORMATS, export_drafter, load_export, read_provenance,
-                             target_sha256)
-from tlt_core.export_cli import add_arguments, run_export
-from tlt_core.model import ModelConfig, Transformer
-from tlt_core.speculative import Strategy, draft_tree
+from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, load_export, read_provenance, target_sha256
+from tlt_core.cli.export import add_arguments, run_export
+from tlt_core.model.transformer import ModelConfig, Transformer
+from tlt_core.drafting.tree import Strategy, draft_tree
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
 
@@ -274,13 +273,13 @@ def test_cli_exports_the_drafter_of_a_train_run(tmp_path):
     """`--run`: the drafter a `tlt train` run trained, for the policy of its checkpoint's step:
     the export's provenance hashes that policy and records the step, and it reloads into the
     run's own drafter exactly."""
-    from tests.test_train import decode, small, toy_prompts, toy_reward
-    from tlt_core.train import GRPOTrainer
+    from tests.test_train import detokenize, small, toy_prompts, toy_reward
+    from tlt_core.rl.driver import GRPODriver
 
     base = tiny_target()
     save_checkpoint(base, tmp_path / "base")
     policy = tiny_target()
-    trainer = GRPOTrainer(policy, toy_prompts(), toy_reward, decode, (),
+    trainer = GRPODriver(policy, toy_prompts(), toy_reward, detokenize, (),
                           small(tlt=True, steps=1, lr=1e-2), drafter=train_drafter(policy))
     trainer.step()
     trainer.save(tmp_path / "run" / "checkpoint.pt")

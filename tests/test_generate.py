@@ -77,21 +77,7 @@ def test_text_output_and_a_config_file(checkpoint, capsys, tmp_path):
     assert [r["prompt"] for r in records if "prompt" in r] == [PROMPTS[2]]
 
 
-@pytest.fixture(scope="module")
-def embedded_stand_in():
-    """A tiny target over the embedded task's character vocabulary, and its drafter: what the
-    interactive test uses in place of the warm embedded model (minutes to train)."""
-    from tests.speculative_fixtures import tiny_target, train_drafter
-    from tlt_core.task import CharTokenizer
-
-    target = tiny_target(vocab=CharTokenizer().vocab_size)
-    return target, train_drafter(target, steps=40)
-
-
-def test_interactive_mode_answers_each_line(embedded_stand_in, monkeypatch, capsys):
-    import tlt_core.cli as cli
-
-    monkeypatch.setattr(cli, "_embedded_target_and_drafter", lambda: embedded_stand_in)
+def test_interactive_mode_answers_each_line_with_the_embedded_model(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("37+04\n\n12!04\n12-03\n"))
     assert main(["generate", "--interactive", "--json", "--max-tokens", "16"]) == 0
     out, err = capsys.readouterr()
@@ -127,7 +113,7 @@ def test_no_prompts_and_bad_flags_are_reported(checkpoint, monkeypatch, tmp_path
 
 def test_live_line_reports_measured_acceptance(checkpoint):
     """The observe hook's live line: tokens, tokens/s and the running acceptance length."""
-    from tlt_core.generate_cli import GenerateConfig, checkpoint_text_model, generate
+    from tlt_core.cli.generate import GenerateConfig, checkpoint_text_model, generate
 
     model, drafter = checkpoint
     text_model = checkpoint_text_model(model, drafter, True, "cpu")

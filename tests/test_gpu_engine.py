@@ -3,9 +3,9 @@ greedy SD equals plain decoding there, and both equal the CPU run."""
 
 import pytest
 
-from tlt_core.drafter import Drafter
+from tlt_core.drafting.drafter import Drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.speculative import Strategy
+from tlt_core.drafting.tree import Strategy
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
 
@@ -34,8 +34,8 @@ def test_speculative_rollout_on_cuda_equals_cpu():
 def test_harvest_and_spot_training_on_cuda():
     """Harvested positions stay on the GPU until assembled on the CPU; spot-training batches
     move back to the drafter's device; the refreshed drafter still drafts losslessly."""
-    from tlt_core.harvest import HarvestBuffer
-    from tlt_core.spot_trainer import SpotConfig, SpotTrainer
+    from tlt_core.workers.harvest import HarvestBuffer
+    from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
 
     target = tiny_target().to("cuda")
     drafter = Drafter(target).eval()
@@ -43,10 +43,10 @@ def test_harvest_and_spot_training_on_cuda():
     engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=48), drafter, harvest)
     requests = [Request(p, SamplingParams(temperature=0.0, max_tokens=20)) for p in PROMPTS]
     plain = engine.generate(requests)
-    assert len(harvest) == len(PROMPTS) and harvest.records[0].features.device.type == "cpu"
+    assert harvest.collect() == len(PROMPTS) and harvest.records[0].features.device.type == "cpu"
     trainer = SpotTrainer(drafter, harvest, SpotConfig(lr=3e-3, batch_tokens=256))
-    first = trainer.train(lambda: False, max_steps=1)
-    later = trainer.train(lambda: False, max_steps=40)
+    first = trainer.train_until(lambda: False, max_steps=1)
+    later = trainer.train_until(lambda: False, max_steps=40)
     assert later.last_loss < first.last_loss
     spec = engine.generate(requests, strategy=Strategy(4, 1, 5))
     assert [r.tokens.tolist() for r in spec.rollouts] == [r.tokens.tolist() for r in plain.rollouts]

@@ -6,8 +6,8 @@ import torch
 
 import tlt_core.ops as ops
 from tests.speculative_fixtures import tiny_target
-from tlt_core.graph_pool import GraphPool, bucket_of
-from tlt_core.kv_cache import CacheShape, KVCache
+from tlt_core.adaptive.graph_pool import GraphPool
+from tlt_core.model.kv_cache import CacheShape, KVCache
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -51,14 +51,11 @@ def test_static_pass_equals_the_dynamic_pass(tokens, tree):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_cpu_pool_runs_eagerly_and_buckets():
+def test_cpu_pool_runs_eagerly():
     pool = GraphPool("cpu")
     assert not pool.enabled
     assert pool.run(("x", 4), lambda a, b: a + b, torch.ones(2), torch.ones(2)).tolist() == [2, 2]
     assert pool.reserved_bytes == 0
-    assert [bucket_of(b, (1, 2, 4, 8)) for b in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
-    with pytest.raises(ValueError, match="batch"):
-        bucket_of(9, (1, 2, 4, 8))
     with pytest.raises(ValueError, match="enabled"):
         GraphPool("cpu", enabled=True)
 

@@ -7,9 +7,9 @@ import torch
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.grpo import group_advantages, ppo_clip_loss, response_logprobs
-from tlt_core.speculative import Strategy
-from tlt_core.train import _pack
+from tlt_core.rl.grpo import group_advantages, ppo_clip_loss, response_logprobs
+from tlt_core.drafting.tree import Strategy
+from tlt_core.rl.driver import _pack
 
 
 def test_advantages_by_hand():

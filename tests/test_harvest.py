@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
-from tlt_core.drafter import Drafter, DrafterConfig
-from tlt_core.drafter_training import collect_records
+from tlt_core.drafting.drafter import Drafter, DrafterConfig
+from tlt_core.drafting.training import collect_records
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.harvest import HarvestBuffer
-from tlt_core.speculative import Strategy
+from tlt_core.workers.harvest import HarvestBuffer
+from tlt_core.drafting.tree import Strategy
 
 from tests.speculative_fixtures import PROMPTS, tiny_target
 
@@ -34,7 +34,7 @@ def test_harvested_records_equal_a_recomputation(target, strategy, feature_layer
     engine = RolloutEngine(target, EngineConfig(max_batch=3, max_len=48), drafter, harvest)
     params = SamplingParams(temperature=1.0, max_tokens=14, n=2)
     result = engine.generate([Request(p, params) for p in PROMPTS[:4]], strategy=strategy)
-    assert len(harvest) == len(result.rollouts) == 8
+    assert harvest.collect() == len(harvest) == len(result.rollouts) == 8
     finished = sorted(result.rollouts, key=lambda r: r.timing.finished_s)
     for record, rollout in zip(harvest.records, finished):
         sequence = list(rollout.prompt_ids) + rollout.tokens.tolist()[:-1]
@@ -49,7 +49,8 @@ def test_buffer_keeps_the_newest_records_under_its_cap(target):
     harvest = HarvestBuffer(max_bytes=40_000, min_length=4)
     engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=48), drafter, harvest)
     engine.generate([Request(p, SamplingParams(temperature=1.0, max_tokens=20)) for p in PROMPTS])
-    assert len(harvest) >= 1  # assembles the finished sequences
+    assert len(harvest) == 0  # finished sequences become records only when collected
+    assert harvest.collect() >= 1
     assert harvest.bytes <= 40_000 and harvest.evicted > 0
     assert not harvest._steps  # every step's tensors released once its sequences finished
     batches = harvest.batches(max_tokens=64, rng=random.Random(0))

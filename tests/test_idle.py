@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tlt_core import _C
-from tlt_core.idle import IdleDetector
+from tlt_core.workers.idle import IdleDetector
 
 # bench/gpu_check.sh records a trace and points TLT_NVML_TRACE at it; one is kept in tests/data.
 RECORDED = Path(os.environ.get("TLT_NVML_TRACE",

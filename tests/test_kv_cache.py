@@ -4,8 +4,8 @@ tree compaction) the cache equals the one built from the kept prefix alone."""
 import pytest
 import torch
 
-from tlt_core.kv_cache import CacheBudgetError, CacheShape, KVCache
-from tlt_core.model import ModelConfig, Transformer
+from tlt_core.model.kv_cache import CacheBudgetError, CacheShape, KVCache
+from tlt_core.model.transformer import ModelConfig, Transformer
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
-from tlt_core.metrics import METRICS, RECORD_FIELDS, MetricsWriter, render_markdown
-from tlt_core.train import GRPOTrainer, Prompt, TrainConfig
+from tlt_core.rl.metrics import METRICS, RECORD_FIELDS, MetricsWriter, render_markdown
+from tlt_core.rl.driver import GRPODriver, Prompt, TrainConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -22,7 +22,7 @@ def step_records(tlt: bool) -> list[dict]:
     prompts = [Prompt(str(p), tuple(p), "7") for p in PROMPTS[:4]]
     config = TrainConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6,
                          minibatch_size=4, max_batch=4, tlt=tlt)
-    trainer = GRPOTrainer(target, prompts, lambda p, r, ref: float(len(r) % 2), str, (), config,
+    trainer = GRPODriver(target, prompts, lambda p, r, ref: float(len(r) % 2), str, (), config,
                           drafter=drafter)
     return [trainer.step() for _ in range(2)]
 
@@ -49,7 +49,7 @@ def test_every_emitted_key_is_documented_and_every_documented_key_emitted(record
 
 def test_docs_metrics_md_is_the_table():
     assert DOC.read_text() == render_markdown(), \
-        "regenerate: python -m tlt_core.metrics > docs/metrics.md"
+        "regenerate it with tlt_core.rl.metrics.render_markdown() (see its module docstring)"
     for name in list(METRICS) + list(RECORD_FIELDS):
         assert f"| `{name}` |" in DOC.read_text()
 
@@ -97,7 +97,7 @@ def test_tlt_train_writes_jsonl_and_tensorboard(tmp_path, capsys):
     on (skipped without the package), an error naming the package when it is missing."""
     from tests.cli_fixtures import tiny_checkpoint, word
     from tlt_core.cli import main
-    from tlt_core.metrics import tensorboard_available
+    from tlt_core.rl.metrics import tensorboard_available
 
     model, _ = tiny_checkpoint(tmp_path, with_drafter=False)
     data = tmp_path / "prompts.jsonl"

@@ -15,9 +15,9 @@ import torch
 
 import tlt_core.ops as ops
 from tests.trees import random_tree_case
-from tlt_core.checkpoint import load_checkpoint, save_checkpoint
-from tlt_core.kv_cache import CacheShape, KVCache
-from tlt_core.model import ModelConfig, Transformer, rope_inv_freq
+from tlt_core.model.checkpoint import load_checkpoint, save_checkpoint
+from tlt_core.model.kv_cache import CacheShape, KVCache
+from tlt_core.model.transformer import ModelConfig, Transformer, rope_inv_freq
 
 transformers = pytest.importorskip("transformers")
 
@@ -166,7 +166,7 @@ def test_cached_decoding_equals_recomputation(checkpoints, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decode_step_equals_forward(checkpoints, family):
-    """The engine's one-token fast path (Transformer.decode) is held to forward(): same logits,
+    """The engine's one-token fast path (Transformer.next_token_logits) is held to forward(): same logits,
     same cache contents, on rows of different lengths."""
     model = load_checkpoint(checkpoints[family][0])
     g = torch.Generator().manual_seed(6)
@@ -183,7 +183,7 @@ def test_decode_step_equals_forward(checkpoints, family):
     for _ in range(3):
         tokens = torch.randint(0, VOCAB, (3,), generator=g)
         with torch.no_grad():
-            fast = model.decode(tokens, cache)
+            fast = model.next_token_logits(tokens, cache)
             slow = model(tokens[:, None], twin.lengths[:, None].clone(), twin).logits[:, 0]
         assert (fast - slow).abs().max() <= 1e-5
         cache.commit(torch.ones(3, dtype=torch.int64))
@@ -191,7 +191,7 @@ def test_decode_step_equals_forward(checkpoints, family):
         # the fused q|k|v matmul rounds differently: K/V agree to float32 noise, as logits do
         assert torch.allclose(cache.data, twin.data, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="tokens"):
-        model.decode(tokens[:, None], cache)
+        model.next_token_logits(tokens[:, None], cache)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -433,7 +433,7 @@ def test_model_errors_name_the_argument():
 
 
 def test_decode_sees_weight_updates(checkpoints):
-    """Transformer.decode runs on packed copies of the weights; an in-place update (what an
+    """Transformer.next_token_logits runs on packed copies of the weights; an in-place update (what an
     optimizer step does) and a load_state_dict must both reach the next decode."""
     model = load_checkpoint(checkpoints["qwen2"][0])
     tokens = torch.tensor([3, 5])
@@ -442,7 +442,7 @@ def test_decode_sees_weight_updates(checkpoints):
         cache, twin = new_cache(model, 2), new_cache(model, 2)
         with torch.no_grad():
             slow = model(tokens[:, None], twin.lengths[:, None], twin).logits[:, 0]
-            return model.decode(tokens, cache), slow
+            return model.next_token_logits(tokens, cache), slow
 
     before, _ = fast_and_slow()
     with torch.no_grad():
@@ -464,7 +464,7 @@ def test_decode_in_bfloat16_follows_forward(checkpoints):
     cache = KVCache(CacheShape(c.num_layers, 3, c.num_kv_heads, 16, c.head_dim), dtype=torch.bfloat16)
     twin = KVCache(CacheShape(c.num_layers, 3, c.num_kv_heads, 16, c.head_dim), dtype=torch.bfloat16)
     with torch.no_grad():
-        fast = model.decode(tokens, cache)
+        fast = model.next_token_logits(tokens, cache)
         slow = model(tokens[:, None], twin.lengths[:, None], twin).logits[:, 0]
     assert fast.dtype == torch.float32
     assert (fast - slow).abs().max() <= 0.02 * slow.abs().max()

@@ -5,11 +5,11 @@ import json
 import pytest
 
 from tests.speculative_fixtures import PROMPTS, tiny_target
-from tlt_core.cost_model import SD_OFF, CostModel
+from tlt_core.adaptive.cost_model import SD_OFF, CostModel
 from tlt_core.engine import EngineConfig, RolloutEngine
-from tlt_core.simulator import load_calibration, save_calibration, simulate
-from tlt_core.speculative import Strategy
-from tlt_core.traces import load_lengths, replay_requests, sample_lengths, tail_stats
+from tlt_core.sim.simulator import load_calibration, save_calibration, simulate
+from tlt_core.drafting.tree import Strategy
+from tlt_core.sim.traces import load_lengths, replay_requests, sample_lengths, tail_stats
 
 
 def test_length_families_are_deterministic_grouped_and_clipped():

@@ -8,15 +8,15 @@ import pytest
 import torch
 from scipy import stats
 
-from tlt_core.drafter import Drafter, DrafterConfig
-from tlt_core.drafter_training import collect_records, eagle_loss, make_batch
+from tlt_core.drafting.drafter import Drafter, DrafterConfig
+from tlt_core.drafting.training import collect_records, eagle_loss, make_batch
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.ops import reference
-from tlt_core.adaptive import AdaptivePolicy
-from tlt_core.bandit import StrategyBandit
-from tlt_core.model_free import ModelFree
-from tlt_core.sd_switch import SDSwitch
-from tlt_core.speculative import Strategy, draft_tree
+from tlt_core.adaptive.policy import AdaptivePolicy
+from tlt_core.adaptive.bandit import PlanBandit
+from tlt_core.drafting.suffix_match import SuffixMatch
+from tlt_core.adaptive.sd_switch import SDSwitch
+from tlt_core.drafting.tree import Strategy, draft_tree
 
 from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
 
@@ -148,8 +148,8 @@ def test_sampled_speculative_matches_the_target_distribution(temperature, top_p)
     params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=CONTINUATION,
                             n=SAMPLES, seed=11)
     engine = RolloutEngine(target, EngineConfig(max_batch=512, max_len=8), drafter)
-    plans = (Strategy(3, 2, 5), Strategy(3, 1, 4), ModelFree(2))
-    switching = AdaptivePolicy(plans, SDSwitch(on_at=512), StrategyBandit(plans, epsilon=1.0))
+    plans = (Strategy(3, 2, 5), Strategy(3, 1, 4), SuffixMatch(2))
+    switching = AdaptivePolicy(plans, SDSwitch(on_at=512), PlanBandit(plans, epsilon=1.0))
     for strategy in (None,) + plans + (switching,):
         result = engine.generate([Request(prompt, params)], strategy=strategy)
         codes = torch.stack([r.tokens for r in result.rollouts])  # (SAMPLES, 3)
@@ -182,27 +182,27 @@ def test_caches_after_acceptance_equal_rebuilt_caches(target, drafters):
     drafter = drafters["trained"]
     engine = RolloutEngine(target, EngineConfig(max_batch=3, max_len=48), drafter)
     requests = [Request(p, SamplingParams(temperature=0.0, max_tokens=40)) for p in PROMPTS[:3]]
-    running = []
+    strategy = Strategy(5, 4, 16)
     with torch.inference_mode():  # the engine's steps by hand, as generate runs them
-        engine._drafting = True
-        engine.cache.lengths.zero_(), engine.draft_cache.lengths.zero_()
-        engine._schedule(engine._expand(requests), running, [], lambda: 0.0)
-        for step in range(3):
-            engine._speculative_step(running, Strategy(5, 4, 16), step)
-    for row, sample in enumerate(running):
+        run = engine._start(requests, strategy, None, None, None)
+        engine._admit(run)
+        for _ in range(3):
+            engine._speculative_step(run, strategy)
+            run.steps += 1
+    for row, sample in enumerate(run.running):
         sequence = list(sample.prompt_ids) + sample.tokens[:-1]  # the root is not cached yet
         n = len(sequence)
-        assert int(engine.cache.lengths[row]) == n == int(engine.draft_cache.lengths[row])
+        assert int(engine.cache.lengths[row]) == n == int(engine.drafter_rows.cache.lengths[row])
         ids = torch.tensor([sequence])
         truth = RolloutEngine(target, EngineConfig(max_batch=1, max_len=48), drafter)
         with torch.no_grad():
             out = target(ids, torch.arange(n)[None], truth.cache, hidden_layers=[-1])
             following = torch.tensor([sequence[1:] + [sample.tokens[-1]]])
             drafter(following, drafter.features([out.hidden_states[0]]), torch.arange(n)[None],
-                    truth.draft_cache)
+                    truth.drafter_rows.cache)
         assert (engine.cache.data[:, :, row, :, :n] - truth.cache.data[:, :, 0, :, :n]).abs().max() < 1e-4
-        assert (engine.draft_cache.data[:, :, row, :, :n]
-                - truth.draft_cache.data[:, :, 0, :, :n]).abs().max() < 1e-4
+        assert (engine.drafter_rows.cache.data[:, :, row, :, :n]
+                - truth.drafter_rows.cache.data[:, :, 0, :, :n]).abs().max() < 1e-4
 
 
 def test_drafter_never_modifies_the_target(target):
@@ -284,7 +284,7 @@ def test_speculative_benchmark_rows(tmp_path):
     """tlt bench speculative's runner on a tiny model: one row per (batch, strategy), greedy
     SD checked against plain decoding inside, and a plot."""
     from tlt_core.bench import speculative as bench
-    from tlt_core.task import CharTokenizer
+    from tlt_core.embedded.task import CharTokenizer
 
     target = tiny_target(CharTokenizer().vocab_size, seed=5)
     drafter = Drafter(target).eval()
@@ -300,8 +300,8 @@ def test_speculative_benchmark_rows(tmp_path):
 def test_draft_level_attention_sees_committed_slots_and_its_ancestors_only():
     """attention_plan with `before` uncommitted slots (the draft tree's earlier levels):
     checked entry by entry against the definition, ragged rows, tree and causal masks."""
-    from tlt_core.attention_plan import attention_plan
-    from tlt_core.kv_cache import CacheShape, KVCache
+    from tlt_core.model.attention_plan import attention_plan
+    from tlt_core.model.kv_cache import CacheShape, KVCache
 
     g = torch.Generator().manual_seed(0)
     cache = KVCache(CacheShape(1, 3, 1, 32, 2))

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from tlt_core.drafter import Drafter
+from tlt_core.drafting.drafter import Drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.harvest import HarvestBuffer
-from tlt_core.spot_trainer import SpotConfig, SpotTrainer
+from tlt_core.workers.harvest import HarvestBuffer
+from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
 
 from tests.speculative_fixtures import PROMPTS, tiny_target
 from tests.test_speculative import state_hash
@@ -39,8 +39,8 @@ def fresh_drafter(target):
 def test_training_improves_the_drafter_and_never_touches_the_target(target, harvest):
     before = state_hash(target)
     trainer = SpotTrainer(fresh_drafter(target), harvest, SpotConfig(lr=3e-3, batch_tokens=256))
-    first = trainer.train(lambda: False, max_steps=1)
-    later = trainer.train(lambda: False, max_steps=60)
+    first = trainer.train_until(lambda: False, max_steps=1)
+    later = trainer.train_until(lambda: False, max_steps=60)
     assert first.stopped == later.stopped == "max_steps" and trainer.steps == 61
     assert later.last_loss < first.last_loss
     assert state_hash(target) == before
@@ -50,12 +50,12 @@ def test_training_improves_the_drafter_and_never_touches_the_target(target, harv
 def test_preempted_within_one_step_of_the_signal(target, harvest):
     trainer = SpotTrainer(fresh_drafter(target), harvest, SpotConfig(batch_tokens=256))
     calls = []
-    session = trainer.train(lambda: calls.append(1) or len(calls) > 5)
+    session = trainer.train_until(lambda: calls.append(1) or len(calls) > 5)
     assert session.stopped == "signal" and session.steps == 5  # checked before every step
 
     # From another thread, as the idle detector would: the call returns within one step.
-    trainer.train(lambda: False, max_steps=3)  # warm
-    step_s = trainer.train(lambda: False, max_steps=10).seconds / 10
+    trainer.train_until(lambda: False, max_steps=3)  # warm
+    step_s = trainer.train_until(lambda: False, max_steps=10).seconds / 10
     signal, signalled_at = threading.Event(), []
 
     def fire():
@@ -63,7 +63,7 @@ def test_preempted_within_one_step_of_the_signal(target, harvest):
         signal.set()
 
     threading.Timer(0.2, fire).start()
-    session = trainer.train(signal.is_set)
+    session = trainer.train_until(signal.is_set)
     lag = time.perf_counter() - signalled_at[0]
     assert session.stopped == "signal" and session.steps > 0
     assert lag < 2 * step_s + 0.05  # the step in flight, then out
@@ -72,17 +72,17 @@ def test_preempted_within_one_step_of_the_signal(target, harvest):
 def test_resume_continues_exactly_like_an_uninterrupted_run(target, harvest, tmp_path):
     config = SpotConfig(lr=3e-3, batch_tokens=128, seed=3)
     straight = SpotTrainer(fresh_drafter(target), harvest, config)
-    straight.train(lambda: False, max_steps=13)
+    straight.train_until(lambda: False, max_steps=13)
 
     interrupted = SpotTrainer(fresh_drafter(target), harvest, config)
-    interrupted.train(lambda: False, max_steps=6)
+    interrupted.train_until(lambda: False, max_steps=6)
     interrupted.checkpoint(tmp_path / "spot.pt")  # written in the background
-    interrupted.train(lambda: False, max_steps=2)  # lost work: the checkpoint is from step 6
+    interrupted.train_until(lambda: False, max_steps=2)  # lost work: the checkpoint is from step 6
     interrupted.wait()
     resumed = SpotTrainer(fresh_drafter(target), harvest, config)
     resumed.resume(tmp_path / "spot.pt")
     assert resumed.steps == 6
-    resumed.train(lambda: False, max_steps=7)
+    resumed.train_until(lambda: False, max_steps=7)
     for (name, a), b in zip(straight.drafter.state_dict().items(),
                             resumed.drafter.state_dict().values()):
         assert torch.equal(a, b), name
@@ -92,7 +92,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(target, harvest, tmp
 
 def test_no_data_and_bad_config(target):
     trainer = SpotTrainer(fresh_drafter(target), HarvestBuffer())
-    assert trainer.train(lambda: False).stopped == "no_data"
+    assert trainer.train_until(lambda: False).stopped == "no_data"
     with pytest.raises(ValueError, match="lr"):
         SpotConfig(lr=0)
     with pytest.raises(FileNotFoundError, match="path"):

@@ -11,9 +11,8 @@ from collections import Counter
 import pytest
 import torch
 
-from tlt_core.task import (CharTokenizer, Problem, TaskConfig, check_answer, count_correct_steps,
-                           generate_problems, length_stats, make_problem, parse_answer)
-from tlt_core.warmup_data import make_batches
+from tlt_core.embedded.task import CharTokenizer, Problem, TaskConfig, check_answer, count_correct_steps, generate_problems, length_stats, make_problem, parse_answer
+from tlt_core.embedded.pretrain_data import make_batches
 
 STEP = re.compile(r"([+-])([0-9]{2})=([0-9]{2})")
 

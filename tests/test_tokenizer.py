@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tlt_core.tokenizer import CheckpointTokenizer
+from tlt_core.model.tokenizer import CheckpointTokenizer
 
 
 def write_tokenizer(folder):

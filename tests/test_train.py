@@ -9,10 +9,10 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
-from tlt_core.data import DataError, load_prompts
-from tlt_core.sd_switch import SDSwitch
-from tlt_core.rewards import math_answer, math_reward, normalize_answer, score_all
-from tlt_core.train import GRPOTrainer, Prompt, TrainConfig
+from tlt_core.rl.data import DataError, load_prompts
+from tlt_core.adaptive.sd_switch import SDSwitch
+from tlt_core.rl.rewards import math_answer, math_reward, normalize_answer, score_all
+from tlt_core.rl.driver import GRPODriver, Prompt, TrainConfig
 
 GOOD = 7  # the toy task: reward = share of response tokens equal to GOOD
 
@@ -26,14 +26,14 @@ def toy_prompts():
     return [Prompt(str(p), tuple(p), str(GOOD)) for p in PROMPTS[:6]]
 
 
-def decode(ids):
+def detokenize(ids):
     return " ".join(map(str, ids))
 
 
 def make(config, drafter=None, seed=0):
     torch.manual_seed(seed)
     target = tiny_target(sharpen=2.0)
-    return GRPOTrainer(target, toy_prompts(), toy_reward, decode, (), config, drafter=drafter)
+    return GRPODriver(target, toy_prompts(), toy_reward, detokenize, (), config, drafter=drafter)
 
 
 def small(**overrides):
@@ -87,7 +87,7 @@ def test_micro_batches_give_the_same_update():
 def test_tlt_rollout_logprobs_match_and_drafter_state_is_checkpointed(tmp_path):
     target = tiny_target()  # sharp: the drafter is good, the watchdog keeps SD on
     drafter = train_drafter(target)
-    trainer = GRPOTrainer(target, toy_prompts(), toy_reward, decode, (),
+    trainer = GRPODriver(target, toy_prompts(), toy_reward, detokenize, (),
                           small(tlt=True, steps=2, lr=1e-4), drafter=drafter)
     trainer.adaptive.switch = SDSwitch(on_at=16)  # calibration may find SD not worth it here
     for _ in range(2):
@@ -142,7 +142,7 @@ def test_bad_config_is_named():
         with pytest.raises(ValueError, match=name):
             small(**bad)
     with pytest.raises(ValueError, match="prompts"):
-        GRPOTrainer(tiny_target(), [], toy_reward, decode, (), small())
+        GRPODriver(tiny_target(), [], toy_reward, detokenize, (), small())
 
 
 def test_bad_data_rows_are_reported_with_line_numbers(tmp_path):

@@ -10,12 +10,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tlt_core.drafter import Drafter
+from tlt_core.drafting.drafter import Drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.harvest import HarvestBuffer
-from tlt_core.speculative import Strategy
-from tlt_core.spot_trainer import SpotConfig, SpotTrainer
-from tlt_core.watchdog import DrafterWatchdog
+from tlt_core.workers.harvest import HarvestBuffer
+from tlt_core.drafting.tree import Strategy
+from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
+from tlt_core.workers.watchdog import DrafterWatchdog
 from tlt_core.workers import WorkerGroup, refresh, rollout_round
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
@@ -62,7 +62,7 @@ def _rank_main(rank: int, world: int, rendezvous: str, out: str) -> None:
     dist.destroy_process_group()
     # Under load, a rank has aborted in C++ static teardown at interpreter exit ("terminate
     # called without an active exception") after all its work was done and written; leave
-    # without running those destructors. The cause is not yet pinned down (see the README).
+    # without running those destructors (the cause is unknown; README, "Limitations").
     os._exit(0)
 
 
@@ -118,7 +118,10 @@ def test_watchdog_rolls_back_a_corrupted_drafter_and_outputs_stay_identical():
     def run():
         result = engine.generate(requests, strategy=strategy if watchdog.sd_enabled else None)
         assert [r.tokens.tolist() for r in result.rollouts] == plain  # lossless throughout
-        return watchdog.observe(result.acceptance_length)
+        verdict = watchdog.observe(result.acceptance_length)
+        if verdict.restore is not None:  # what the driver does with a rollback
+            drafter.load_state_dict(verdict.restore)
+        return verdict.event
 
     assert run() == "ok"  # version 0 becomes the healthy one
     good = {k: v.clone() for k, v in drafter.state_dict().items()}
@@ -133,15 +136,15 @@ def test_watchdog_rolls_back_a_corrupted_drafter_and_outputs_stay_identical():
     fresh = DrafterWatchdog(Drafter(target).eval(), collapse_below=1.5)  # no healthy version
     engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=48), fresh.drafter)
     result = engine.generate(requests, strategy=strategy)
-    assert fresh.observe(result.acceptance_length) == "sd_disabled" and not fresh.sd_enabled
+    assert fresh.observe(result.acceptance_length).event == "sd_disabled" and not fresh.sd_enabled
     assert [e["event"] for e in fresh.events] == ["sd_disabled"]
 
 
 def test_bench_drafter_drift_and_summary():
     """The evolving target's task (countdown by two) is well formed, and the summary computes
-    the two numbers the issue asks for from per-round rows."""
+    its acceptance ratio and training overhead from per-round rows."""
     from tlt_core.bench.drafter import drifted_solution, summarize
-    from tlt_core.task import CharTokenizer, Problem
+    from tlt_core.embedded.task import CharTokenizer, Problem
 
     drifted = drifted_solution(Problem("37+05", "", "", 0))
     assert drifted.solution == "37;+05=42;+03=45;+01=46;#46" and drifted.answer == "46"

@@ -1,10 +1,11 @@
 """`tlt bench drafter`: the spot-trained drafter against a frozen one, on an evolving target.
 
-The evolving target: the warm embedded model fine-tuned, round by round, toward a drifted
-task: the same prompts, but the countdown steps down by two (`37+04` ->
+The evolving target: the pre-trained embedded model fine-tuned, round by round, toward a
+drifted task: the same prompts, but the countdown steps down by two (`37+04` ->
 `37;+04=41;+02=43;#43`), so its responses (step sizes, sums, lengths) move away from what the
 initial drafter learned. Checkpoint k is the model after k x `steps_per_round` AdamW steps on
-that task (cached): a stand-in for the policy updates of RL, which this issue does not have yet.
+that task: a controlled stand-in for RL's policy updates, whose drift does not depend on
+rewards.
 
 Each round's requests are GRPO groups: `requests / group_size` prompts, `group_size` samples
 each (T = 1), a group's samples on one rank (`WorkerGroup.shard`), so the ranks' loads differ as
@@ -31,12 +32,27 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from tlt_core.drafter_training import TOKEN_WEIGHT
-from tlt_core.task import MODULUS, CharTokenizer, Problem, TaskConfig, generate_problems
+from tlt_core.bench.speculative import embedded_requests
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.training import TOKEN_WEIGHT
+from tlt_core.drafting.tree import Strategy
+from tlt_core.embedded.pretrain_data import make_batches
+from tlt_core.embedded.task import MODULUS, CharTokenizer, Problem, TaskConfig, generate_problems
+from tlt_core.engine.engine import EngineConfig, RolloutEngine
+from tlt_core.model.checkpoint import load_checkpoint
+from tlt_core.workers.group import WorkerGroup
+from tlt_core.workers.harvest import HarvestBuffer
+from tlt_core.workers.idle import IdleDetector
+from tlt_core.workers.refresh import refresh
+from tlt_core.workers.round import rollout_round
+from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
 
 
 def drifted_solution(problem: Problem) -> Problem:
@@ -54,8 +70,6 @@ def drifted_solution(problem: Problem) -> Problem:
 
 def evolving_checkpoints(target, rounds: int, steps_per_round: int, seed: int = 0) -> list[dict]:
     """state_dicts of the target after 0, 1, ... rounds - 1 fine-tuning rounds on the drift."""
-    from tlt_core.warmup_data import make_batches
-
     model = copy.deepcopy(target).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
     problems = [drifted_solution(p) for p in
@@ -78,19 +92,6 @@ def evolving_checkpoints(target, rounds: int, steps_per_round: int, seed: int = 
 
 
 def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
-    import torch.distributed as dist
-
-    from tlt_core.bench.speculative import _requests
-    from tlt_core.checkpoint import load_checkpoint
-    from tlt_core.drafter import Drafter
-    from tlt_core.engine import EngineConfig, RolloutEngine
-    from tlt_core.harvest import HarvestBuffer
-    from tlt_core.idle import IdleDetector
-    from tlt_core.speculative import Strategy
-    from tlt_core.spot_trainer import SpotConfig, SpotTrainer
-    from tlt_core.workers import WorkerGroup, refresh, rollout_round
-    import warnings
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=world)
@@ -111,8 +112,8 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     for index, state in enumerate(states):
         with torch.no_grad():
             target.load_state_dict(state)
-        prompts, max_len = _requests(setup["requests"] // setup["group_size"], 1.0,
-                                     900 + index, None)
+        prompts, max_len = embedded_requests(setup["requests"] // setup["group_size"], 1.0,
+                                             900 + index, None)
         requests = [r for r in prompts for _ in range(setup["group_size"])]  # GRPO groups
         config = EngineConfig(max_batch=setup["max_batch"], max_len=max_len, seed=index)
         arms = {}
@@ -126,7 +127,7 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
             arms[arm] = stats
         trained = arms["spot_on"].spot_steps
         if setup["extra_steps"]:  # the ceiling study: as if the tail had left this much idle
-            trained += trainer.train(lambda: False, max_steps=setup["extra_steps"]).steps
+            trained += trainer.train_until(lambda: False, max_steps=setup["extra_steps"]).steps
         refreshed = refresh(group, spot, trained)
         rows.append({"round": index, "rank": rank, "refreshed": refreshed,
                      "extra_steps": trained - arms["spot_on"].spot_steps,
@@ -142,7 +143,7 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     dist.destroy_process_group()
     # Under load, a rank has aborted in C++ static teardown at interpreter exit ("terminate
     # called without an active exception") after all its work was done and written; leave
-    # without running those destructors. The cause is not yet pinned down (see the README).
+    # without running those destructors (the cause is unknown; README, "Limitations").
     os._exit(0)
 
 
@@ -150,8 +151,6 @@ def run(target, drafter_folder: Path, target_folder: Path, *, rounds: int = 8, w
         requests: int = 192, group_size: int = 8, max_batch: int | None = None,
         steps_per_round: int = 25, extra_steps: int = 0,
         strategy=(6, 1, 7), lr: float = 1e-3, token_weight: float = TOKEN_WEIGHT) -> dict:
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         if requests % (group_size * world):

@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from tlt_core.checkpoint import save_checkpoint
-from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.engine.engine import EngineConfig, RolloutEngine
+from tlt_core.engine.records import Request, SamplingParams
+from tlt_core.model.checkpoint import save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def run(model: torch.nn.Module, batches=(1, 32), new_tokens: int = 128, prompt_l
                                          max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                          do_sample=False, pad_token_id=0)
 
-        ours(), hf()  # warm-up
+        ours(), hf()  # untimed: one-time costs
         ours_s, hf_s = _median_time(ours, reps), _median_time(hf, reps)
         tokens = batch * new_tokens
         results.append(EngineCase(batch, tokens / ours_s, tokens / hf_s, hf_s / ours_s,

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
 import torch
+from tqdm import tqdm
 
 import tlt_core.ops as ops
 from tlt_core.ops import reference
@@ -107,10 +108,10 @@ def make_inputs(batch: int, num_nodes: int, vocab: int, buffer: torch.Tensor,
 
 
 def median_seconds(fn: Callable[[], object], min_time: float, max_reps: int,
-                   warm_up: bool = True, cuda: bool = False) -> float:
+                   untimed_first: bool = True, cuda: bool = False) -> float:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if warm_up:
-        fn()  # thread pool, scratch buffers, CUDA context
+    if untimed_first:
+        fn()  # one-time costs: thread pool, scratch buffers, CUDA context
     sync()
     times = []
     start = time.perf_counter()
@@ -186,8 +187,9 @@ def time_case(op: str, inputs: BenchInputs, reference_reps: int, device: str = "
     accepted = float(fused_call("verify_tree_greedy", fast)().num_accepted.float().mean())
     fused_s = median_seconds(fused, min_time=0.3, max_reps=50, cuda=device == "cuda")
     if baseline == "reference":
-        # `reference_reps` runs, no warm-up: the reference takes seconds on large cases.
-        reference_s = median_seconds(slow, min_time=0.0, max_reps=reference_reps, warm_up=False)
+        # `reference_reps` runs, none untimed: the reference takes seconds on large cases.
+        reference_s = median_seconds(slow, min_time=0.0, max_reps=reference_reps,
+                                     untimed_first=False)
     else:
         reference_s = median_seconds(slow, min_time=0.3, max_reps=50)
     B, N, V = inputs.logits.shape
@@ -208,8 +210,6 @@ def run(ops_to_time: Iterable[str] = ("verify_tree_sampling", "verify_tree_greed
         batches: Iterable[int] = BATCHES, nodes: Iterable[int] = NODES,
         vocabs: Iterable[int] = VOCABS, reference_reps: int = 1, progress: bool = True,
         device: str = "cpu", baseline: str = "reference") -> list[KernelCase]:
-    from tqdm import tqdm
-
     plan = list(cases(batches, nodes, vocabs))
     ops_to_time = list(ops_to_time)
     results = []

@@ -1,12 +1,14 @@
 """`tlt task lengths`: the embedded task's response-length distribution — of the reference
-solutions and of the warm model's own samples at temperature 1 — as numbers and, optionally, a
+solutions and of the pre-trained model's own samples at temperature 1 — as numbers and, optionally, a
 histogram. The long tail that speculative decoding has to tame, made visible."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tlt_core.task import CharTokenizer, TaskConfig, generate_problems, length_stats
+from tlt_core.embedded.pretrain import sample_responses
+from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems, length_stats
+from tlt_core.model.transformer import Transformer
 
 
 def reference_lengths(num_problems: int, seed: int = 0) -> list[int]:
@@ -15,11 +17,8 @@ def reference_lengths(num_problems: int, seed: int = 0) -> list[int]:
     return [len(tokenizer.response_ids(p.solution)) for p in problems]
 
 
-def model_lengths(num_problems: int, seed: int = 12345) -> list[int]:
-    """Response lengths of the warm embedded model sampled at temperature 1."""
-    from tlt_core.warmup import load_or_train, sample_responses
-
-    model, _ = load_or_train()
+def model_lengths(model: Transformer, num_problems: int, seed: int = 12345) -> list[int]:
+    """Response lengths of the embedded model sampled at temperature 1."""
     problems = generate_problems(TaskConfig(seed=seed, num_problems=num_problems))
     return [len(r.tokens) for r in sample_responses(model, problems)]
 

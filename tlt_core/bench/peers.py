@@ -2,17 +2,17 @@
 
 hf_assisted: Hugging Face transformers' assisted decoding (`generate(assistant_model=...)`, batch
 1, the only batch size it supports) against our speculative decoding at batch 1, with the same
-target weights: the warm embedded model exported to a Hugging Face checkpoint. The assistant is
-what assisted decoding expects, a small model of the same vocabulary: the embedded model's
-architecture with 2 layers instead of 8, warmed up on the same task the same way (trained and
-cached on first use, about a minute); ours drafts with its one-layer EAGLE drafter, strategy
+target weights: the pre-trained embedded model exported to a Hugging Face checkpoint. The
+assistant is what assisted decoding expects, a small model of the same vocabulary: the embedded
+model's architecture with 2 layers instead of 8, pre-trained on the same task the same way
+(trained and cached on first use, about a minute); ours drafts with its one-layer EAGLE drafter, strategy
 (6,1,7). Both generate every prompt of a fixed set of task problems to <eos>, one at a time;
 the numbers are generated tokens per second over the whole set, at T = 0 (greedy: both must
 produce the same tokens, checked) and at T = 1. Rows carry `peer`, `setting`, `ours`, `theirs`
 (tokens per second) and `ratio` (ours / theirs: above 1, ours is faster).
 
 trl_grpo: TRL's GRPOTrainer against our GRPO driver, TLT on and SD off, on the same model (the
-warm embedded model; TRL gets it as a Hugging Face checkpoint with a character tokenizer that
+pre-trained embedded model; TRL gets it as a Hugging Face checkpoint with a character tokenizer that
 encodes exactly as ours), the same prompt pool (the first 64 embedded-task prompts of `tlt
 train`), 8 prompts x 8 samples per step, at most 256 new tokens, T = 1, lr 5e-5, no KL, one
 optimizer step per GRPO step over all 64 samples, float32 on both sides (TRL's default bf16
@@ -21,7 +21,7 @@ autocast is turned off), on the CPU. TRL generates with `model.generate`
 we measured here (within 10% of 1 x 64 and 8 x 8; transformers' continuous batching,
 `use_transformers_continuous_batching`, fails on the CPU in TRL 1.16: accelerate casts its paged
 cache to float); ours trains in length-sorted micro-batches (`micro_batch_tokens`). The comparison
-is generated tokens per second of GRPO step time over `steps` steps after one warm-up step (the
+is generated tokens per second of GRPO step time over `steps` steps after one untimed step (the
 runs sample different lengths: tokens per second is what the work costs; seconds per step are
 reported too).
 
@@ -36,22 +36,25 @@ import time
 from dataclasses import replace
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-from tlt_core.checkpoint import save_checkpoint
-from tlt_core.embedded import EMBEDDED_MODEL_CONFIG
-from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.speculative import Strategy
-from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
+from tlt_core.drafting.tree import Strategy
+from tlt_core.embedded.architecture import EMBEDDED_MODEL_CONFIG
+from tlt_core.embedded.pretrain import PretrainConfig
+from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
+from tlt_core.embedded.workload import embedded_reward, load_pretrained, train_inputs
+from tlt_core.engine.engine import EngineConfig, RolloutEngine
+from tlt_core.engine.records import Request, SamplingParams
+from tlt_core.model.checkpoint import save_checkpoint
+from tlt_core.rl.driver import GRPODriver, TrainConfig
 
 ASSISTANT_LAYERS = 2
 
 
 def assistant_model(progress: bool = True):
-    """The 2-layer assistant for assisted decoding, warmed up like the target (cached)."""
-    from tlt_core.warmup import WarmupConfig, load_or_train
-
+    """The 2-layer assistant for assisted decoding, pre-trained like the target (cached)."""
     config = replace(EMBEDDED_MODEL_CONFIG, num_layers=ASSISTANT_LAYERS)
-    return load_or_train(WarmupConfig(), config, progress=progress)[0]
+    return load_pretrained(PretrainConfig(), config, progress=progress)[0]
 
 
 def hf_assisted(target, drafter, *, problems: int = 12, seed: int = 4242, progress: bool = True
@@ -92,7 +95,7 @@ def hf_assisted(target, drafter, *, problems: int = 12, seed: int = 4242, progre
                 outs.append(generated[0, len(prompt):].tolist())
             return outs
 
-        ours(), theirs()  # warm-up
+        ours(), theirs()  # untimed: one-time costs
         (ours_out, ours_s), (theirs_out, theirs_s) = _timed(ours), _timed(theirs)
         if temperature == 0.0:
             assert ours_out == theirs_out, "greedy outputs differ between tlt_core and transformers"
@@ -108,7 +111,6 @@ def hf_assisted(target, drafter, *, problems: int = 12, seed: int = 4242, progre
 def _char_tokenizer():
     """A Hugging Face fast tokenizer that encodes like CharTokenizer.prompt_ids (one token per
     character, <bos> first) and decodes without spaces."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = CharTokenizer()
@@ -126,10 +128,7 @@ def trl_grpo(steps: int = 10, prompts: int = 64, progress: bool = True) -> list[
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig
-    from trl import GRPOTrainer as TRLTrainer
-
-    from tlt_core.train import GRPOTrainer, TrainConfig
-    from tlt_core.train_setup import embedded_inputs, embedded_reward
+    from trl import GRPOTrainer
 
     config = TrainConfig(steps=steps + 1, max_new_tokens=256, lr=5e-5, minibatch_size=64)
     trl_micro_batch = 16
@@ -142,7 +141,7 @@ def trl_grpo(steps: int = 10, prompts: int = 64, progress: bool = True) -> list[
         def on_step_end(self, args, state, control, **kwargs):
             self.ends.append(time.perf_counter())
 
-    inputs = embedded_inputs(progress=progress)
+    inputs = train_inputs(progress=progress)
     pool = inputs.prompts[:prompts]
     with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as out:
         save_checkpoint(inputs.policy, folder)
@@ -165,23 +164,23 @@ def trl_grpo(steps: int = 10, prompts: int = 64, progress: bool = True) -> list[
             max_steps=config.steps, logging_steps=1, report_to="none", use_cpu=True,
             bf16=False,  # TRL's default bf16 autocast would not be the fp32 work ours does
             save_strategy="no", seed=config.seed, disable_tqdm=not progress)
-        theirs = TRLTrainer(model=model, reward_funcs=reward, args=trl_config,
+        theirs = GRPOTrainer(model=model, reward_funcs=reward, args=trl_config,
                             train_dataset=dataset, processing_class=_char_tokenizer(),
                             callbacks=[clock])
         start = time.perf_counter()
         theirs.train()
         ends = [start] + clock.ends
         logs = [h for h in theirs.state.log_history if "completions/mean_length" in h]
-        trl_seconds = [b - a for a, b in zip(ends, ends[1:])][1:]  # after the warm-up step
+        trl_seconds = [b - a for a, b in zip(ends, ends[1:])][1:]  # after the untimed first step
         trl_tokens = [h["completions/mean_length"] * config.prompts_per_step *
                       config.samples_per_prompt for h in logs][1:]
     rows = []
     for tlt in (True, False):
-        run_inputs = embedded_inputs(progress=progress)
-        trainer = GRPOTrainer(run_inputs.policy, pool, run_inputs.reward_fn, run_inputs.decode,
-                              run_inputs.stop_ids, replace(config, tlt=tlt),
-                              drafter=run_inputs.drafter, calibration=run_inputs.calibration)
-        history = [trainer.step() for _ in range(config.steps)][1:]
+        run_inputs = train_inputs(progress=progress)
+        driver = GRPODriver(run_inputs.policy, pool, run_inputs.reward_fn, run_inputs.detokenize,
+                            run_inputs.stop_ids, replace(config, tlt=tlt),
+                            drafter=run_inputs.drafter, calibration=run_inputs.calibration)
+        history = [driver.step() for _ in range(config.steps)][1:]
         seconds = [m["step_s"] for m in history]
         tokens = [sum(m["response_lengths"]) for m in history]
         ours, theirs_rate = sum(tokens) / sum(seconds), sum(trl_tokens) / sum(trl_seconds)

@@ -10,10 +10,10 @@ Modes, each on its own engine over the same model and drafter:
 - always: SD on every step with the best fixed strategy, picked by one rollout of each
   candidate on the workload (the candidates are the adaptive loop's learned-drafter plans);
 - adaptive: `AdaptivePolicy.from_calibration` over those plans (switch + bandit);
-- adaptive_model_free: the same plus model-free plans (drafts from sibling responses and from
-  the previous round's responses to the same prompts).
-One unmeasured round warms every mode up (allocations, the bandit's first rewards, model-free
-history); then `rounds` measured rounds run the modes interleaved, the policies keeping their
+- adaptive_suffix: the same plus suffix-match plans (drafts copied from sibling responses and
+  from the previous round's responses to the same prompts).
+One unmeasured round first runs every mode (allocations, the bandit's first rewards, the suffix
+index's history); then `rounds` measured rounds run the modes interleaved, the policies keeping their
 state from round to round as they would from one RL step to the next. Numbers are medians over
 the rounds. `tail_s` is the time with the running batch at or below the adaptive switch's
 calibrated threshold; `ideal_makespan_s` is the generated tokens over plain decoding's
@@ -27,17 +27,21 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import replace
+from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
-from tlt_core.adaptive import DEFAULT_PLANS, AdaptivePolicy
-from tlt_core.engine import (EngineConfig, Request, RolloutEngine, SamplingParams,
-                             seconds_at_or_below)
-from tlt_core.model_free import ModelFree
-from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
+from tlt_core.adaptive.graph_pool import GraphPool
+from tlt_core.adaptive.policy import DEFAULT_PLANS, AdaptivePolicy
+from tlt_core.drafting.suffix_match import SuffixMatch
+from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
+from tlt_core.engine.engine import EngineConfig, RolloutEngine
+from tlt_core.engine.records import Request, SamplingParams, seconds_at_or_below
+from tlt_core.model.kv_cache import CacheShape, KVCache
 
-MODES = ("off", "always", "adaptive", "adaptive_model_free")
-MODEL_FREE_PLANS = (ModelFree(8), ModelFree(16))
+MODES = ("off", "always", "adaptive", "adaptive_suffix")
+SUFFIX_PLANS = (SuffixMatch(8), SuffixMatch(16))
 
 
 def workloads(samples: int = 8, prompts: int = 8, seed: int = 5) -> dict[str, list[Request]]:
@@ -62,8 +66,6 @@ def calibration_requests(count: int = 4, seed: int = 77) -> list[Request]:
 
 def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
         progress: bool = True) -> dict:
-    from tqdm import tqdm
-
     config = EngineConfig(max_batch=max_batch, max_len=7 * 63 + 16 + 16, seed=seed)
     calibration = calibration_requests()
     rows, studies = [], {}
@@ -72,9 +74,8 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
         policies = {"off": None}
         policies["adaptive"] = AdaptivePolicy.from_calibration(
             engines["adaptive"], DEFAULT_PLANS, calibration, seed=seed)
-        policies["adaptive_model_free"] = AdaptivePolicy.from_calibration(
-            engines["adaptive_model_free"], DEFAULT_PLANS + MODEL_FREE_PLANS, calibration,
-            seed=seed)
+        policies["adaptive_suffix"] = AdaptivePolicy.from_calibration(
+            engines["adaptive_suffix"], DEFAULT_PLANS + SUFFIX_PLANS, calibration, seed=seed)
         model = policies["adaptive"].cost_model
         threshold = policies["adaptive"].switch.on_at
         sweep = {plan: engines["always"].generate(requests, plan).total_s for plan in DEFAULT_PLANS}
@@ -85,7 +86,7 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
         for round_index in range(rounds + 1):
             for mode in MODES:
                 result = engines[mode].generate(requests, policies[mode])
-                if round_index > 0:  # round 0 warms up
+                if round_index > 0:  # round 0 is not measured
                     results[mode].append(result)
                 bar.update()
         bar.close()
@@ -104,18 +105,18 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
                 "acceptance_length": statistics.mean(acceptance) if acceptance else None,
                 "speedup_vs_off": makespan["off"] / makespan[mode],
                 "tokens": tokens, "ideal_makespan_s": tokens / saturated,
-                "strategy": (str(policies[mode]) if mode == "always" else None),
+                "strategy": (policies[mode].key if mode == "always" else None),
                 "sd_on_share": (policies[mode].stats.sd_on_share
                                 if isinstance(policies[mode], AdaptivePolicy) else None)})
         studies[workload] = {
             "threshold": threshold, "calibration_s": model.calibration_s,
             "traces": {m: {"time_s": results[m][-1].trace_time_s.tolist(),
                            "running": results[m][-1].trace_running.tolist()} for m in MODES},
-            "always_sweep_s": {str(p): s for p, s in sweep.items()},
+            "always_sweep_s": {p.key: s for p, s in sweep.items()},
             "cost_model_tok_s": {f"{b}/{k}": v for (b, k), v in model.rates.items()}}
     studies["drafter_sync"] = drafter_sync_study(target, drafter, config, workloads()["long_tail"],
                                                  calibration, rounds, seed)
-    studies["graph_pool"] = graph_pool_study(target, DEFAULT_PLANS + MODEL_FREE_PLANS, max_batch)
+    studies["graph_pool"] = graph_pool_study(target, DEFAULT_PLANS + SUFFIX_PLANS, max_batch)
     return {"rows": rows, "studies": studies}
 
 
@@ -142,9 +143,6 @@ def graph_pool_study(target, plans, max_batch: int) -> dict:
     pool keyed by verify size, against one private-pool graph per (bucket, strategy)."""
     if not torch.cuda.is_available() or next(target.parameters()).device.type != "cuda":
         return {"available": False, "why": "needs the target on a CUDA device"}
-    from tlt_core.graph_pool import GraphPool
-    from tlt_core.kv_cache import CacheShape, KVCache
-
     device = next(target.parameters()).device
     c = target.config
     edges = [e for e in (1, 2, 4, 8, 16, 32, 64) if e <= max_batch]
@@ -156,7 +154,7 @@ def graph_pool_study(target, plans, max_batch: int) -> dict:
         def step(ids, positions, cache=cache):
             return target.step(ids, positions, cache, static=True).logits
 
-        for name, tokens in [("decode", 1)] + [(str(p), p.num_verify_tokens) for p in plans]:
+        for name, tokens in [("one_token", 1)] + [(p.key, p.num_verify_tokens) for p in plans]:
             ids = torch.zeros(edge, tokens, dtype=torch.int64, device=device)
             positions = torch.arange(tokens, device=device).expand(edge, tokens).contiguous()
             shared.run((edge, tokens), step, ids, positions)
@@ -172,7 +170,6 @@ def plot(result: dict, path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pathlib import Path
 
     workloads_ = [w for w in ("long_tail", "no_tail") if w in result["studies"]]
     fig, axes = plt.subplots(1, len(workloads_), figsize=(6 * len(workloads_), 4), squeeze=False)

@@ -1,15 +1,16 @@
 """`tlt bench simulate`: the scale simulator checked against measured 2-rank rollouts here,
 then a projection.
 
-Validation: for several tail shapes (`tlt_core.traces` families, 64 forced-length requests in
+Validation: for several tail shapes (`tlt_core.sim.traces` families, 64 forced-length requests in
 groups of 8, on prompts whose natural responses are longer than any forced length), 2 gloo
 ranks (one thread each) each calibrate a cost model on their engine (in parallel, as they then
 run; every measurement swept `reps` times, medians kept), then roll out each trace `reps`
 times with SD off and with SD (6,1,7) on every step; the simulator predicts each median
 makespan from rank 0's cost model (SD off from its SD_OFF steps, with no drafter in the loop)
-and the run's mean acceptance. A row per (shape, mode): measured, predicted, error. Projection: the simulator alone, for many workers and a long trace,
-with a cost model from a calibration file (the GPU script writes one) or this machine's: a
-projection, not a measurement.
+and the run's mean acceptance. A row per (shape, mode): measured, predicted, error.
+Projection: the simulator alone, for many workers and a long trace, with a cost model from a
+calibration file (the GPU script writes one) or this machine's: a projection, not a
+measurement.
 """
 
 from __future__ import annotations
@@ -20,8 +21,19 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from tlt_core.speculative import Strategy
+from tlt_core.adaptive.cost_model import calibrate
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.tree import Strategy
+from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
+from tlt_core.engine.engine import EngineConfig, RolloutEngine
+from tlt_core.model.checkpoint import load_checkpoint
+from tlt_core.sim.simulator import adaptive_plan, load_calibration, save_calibration, simulate
+from tlt_core.sim.traces import replay_requests, sample_lengths
+from tlt_core.workers.group import WorkerGroup
+from tlt_core.workers.round import rollout_round
 
 SHAPES = {
     "lognormal_s0.5": dict(family="lognormal", median=48, sigma=0.5),
@@ -35,17 +47,6 @@ CALIBRATION_BATCHES = (1, 2, 4, 8, 16, 32)
 
 
 def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
-    import torch.distributed as dist
-
-    from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
-    from tlt_core.checkpoint import load_checkpoint
-    from tlt_core.cost_model import calibrate
-    from tlt_core.drafter import Drafter
-    from tlt_core.engine import EngineConfig, RolloutEngine
-    from tlt_core.simulator import save_calibration
-    from tlt_core.traces import replay_requests, sample_lengths
-    from tlt_core.workers import WorkerGroup, rollout_round
-
     torch.set_num_threads(1)
     tokenizer = CharTokenizer()
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
@@ -91,10 +92,6 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
 
 
 def validate(target_folder: Path, drafter_folder: Path, reps: int = 3) -> dict:
-    import torch.multiprocessing as mp
-
-    from tlt_core.simulator import load_calibration, simulate
-
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         setup = {"target": str(target_folder), "drafter": str(drafter_folder), "reps": reps,
@@ -107,7 +104,7 @@ def validate(target_folder: Path, drafter_folder: Path, reps: int = 3) -> dict:
         plan = None if row["mode"] == "off" else PLAN
         # the workload's acceptance is an input: forced lengths run past the natural end of a
         # response, where drafts are accepted less than on the calibration's text
-        measured = {str(PLAN): row["acceptance_length"]} if plan is not None else None
+        measured = {PLAN.key: row["acceptance_length"]} if plan is not None else None
         predicted = simulate(row["lengths"], cost, workers=2, max_batch=32, group_size=8,
                              plan=None if plan is None else lambda batch: PLAN,
                              acceptance=measured)
@@ -128,9 +125,6 @@ def project(cost, *, workers: int = 64, prompts: int = 256, group_size: int = 8,
     """The simulator on a large run: SD off vs the adaptive choice. The trace is an assumed
     reasoning-RL shape scaled down to keep the simulation quick (lognormal, median 1024 tokens,
     p99 / median = exp(2.326 x 0.8) = 6.4, capped at 8192), not a published one."""
-    from tlt_core.simulator import adaptive_plan, simulate
-    from tlt_core.traces import sample_lengths
-
     lengths = sample_lengths("lognormal", prompts * group_size, seed=1, group_size=group_size,
                              median=median, sigma=sigma, max_length=max_length)
     plans = [Strategy(*map(int, key.strip("()").split(","))) for key in cost.acceptance

@@ -1,7 +1,7 @@
 """`tlt bench speculative`: speculative rollout vs plain decoding, side by side, per batch size.
 
-Workload: held-out problems of the embedded task, answered by the warm embedded model with its
-warmed-up drafter, at the given temperature, each response ending at <eos> as in RL rollouts.
+Workload: held-out problems of the embedded task, answered by the pre-trained embedded model
+with its offline-trained drafter, at the given temperature, each response ending at <eos> as in RL rollouts.
 For a batch size b the engine holds at most b running rows and gets max(2b, 16) requests, so
 the batch stays near b until the queue drains. Plain decoding and each strategy run the same
 requests with the same seeds, interleaved (plain, strategies, plain, ...) so machine noise hits
@@ -17,11 +17,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tlt_core.drafter import Drafter
-from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.model import Transformer
-from tlt_core.speculative import Strategy
-from tlt_core.task import CharTokenizer, TaskConfig, generate_problems
+from tqdm import tqdm
+
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.tree import Strategy
+from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
+from tlt_core.engine.engine import EngineConfig, RolloutEngine
+from tlt_core.engine.records import Request, SamplingParams
+from tlt_core.model.transformer import Transformer
 
 DEFAULT_STRATEGIES = (Strategy(6, 1, 7), Strategy(8, 1, 9), Strategy(12, 1, 13),
                       Strategy(5, 4, 16), Strategy(6, 8, 32))
@@ -48,8 +51,10 @@ def parse_strategy(text: str) -> Strategy:
     return Strategy(*(int(p) for p in parts))
 
 
-def _requests(count: int, temperature: float, seed: int, max_tokens: int | None
-              ) -> tuple[list[Request], int]:
+def embedded_requests(count: int, temperature: float, seed: int, max_tokens: int | None
+                      ) -> tuple[list[Request], int]:
+    """(count embedded-task requests of the problem family `seed`, each ending at <eos> or
+    max_tokens (None: room for the longest reference response), the engine max_len they need)."""
     tokenizer = CharTokenizer()
     task = TaskConfig(seed=seed, num_problems=count)
     problems = generate_problems(task)
@@ -65,19 +70,18 @@ def run(target: Transformer, drafter: Drafter, batches=(1, 4, 16, 64),
         strategies=DEFAULT_STRATEGIES, temperature: float = 1.0, reps: int = 3,
         seed: int = 4242, max_tokens: int | None = None, progress: bool = True
         ) -> list[SpeculativeCase]:
-    from tqdm import tqdm
-
     results = []
     bar = tqdm(total=len(batches) * len(strategies) * reps, disable=not progress,
                desc="speculative", unit="run")
     for batch in batches:
-        requests, max_len = _requests(max(2 * batch, 16), temperature, seed + batch, max_tokens)
+        requests, max_len = embedded_requests(max(2 * batch, 16), temperature, seed + batch,
+                                              max_tokens)
         engine = RolloutEngine(target, EngineConfig(max_batch=batch, max_len=max_len, seed=seed),
                                drafter)
-        plain_result = engine.generate(requests)  # warm-up, and the greedy reference
+        plain_result = engine.generate(requests)  # untimed (one-time costs); the greedy reference
         plain_tokens = sum(len(r.tokens) for r in plain_result.rollouts)
         for strategy in strategies:
-            engine.generate(requests, strategy=strategy)  # warm-up
+            engine.generate(requests, strategy=strategy)  # untimed: one-time costs
             plain_times, sd_times, sd_tokens, acceptance = [], [], 0, []
             for _ in range(reps):
                 t0 = time.perf_counter()
@@ -97,7 +101,7 @@ def run(target: Transformer, drafter: Drafter, batches=(1, 4, 16, 64),
                 bar.update()
             plain_s, sd_s = statistics.median(plain_times), statistics.median(sd_times)
             plain_rate, sd_rate = plain_tokens / plain_s, sd_tokens / sd_s
-            results.append(SpeculativeCase(batch, str(strategy), statistics.mean(acceptance),
+            results.append(SpeculativeCase(batch, strategy.key, statistics.mean(acceptance),
                                            sd_rate, plain_rate, sd_rate / plain_rate,
                                            temperature, len(requests), sd_tokens))
     bar.close()

@@ -14,27 +14,27 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tlt_core.train import GRPOTrainer, TrainConfig
-from tlt_core.train_setup import embedded_inputs
+from tqdm import tqdm
+
+from tlt_core.embedded.workload import train_inputs
+from tlt_core.rl.driver import GRPODriver, TrainConfig
 
 RUNS = (("tlt", True, 0), ("off", False, 0), ("off_seed2", False, 1))
 
 
 def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True) -> dict:
-    from tqdm import tqdm
-
-    trainers = {}
+    drivers = {}
     for name, tlt, seed_offset in RUNS:
-        inputs = embedded_inputs(progress=progress)
-        trainers[name] = GRPOTrainer(inputs.policy, inputs.prompts, inputs.reward_fn,
-                                     inputs.decode, inputs.stop_ids,
-                                     replace(config, tlt=tlt, seed=config.seed + seed_offset),
-                                     drafter=inputs.drafter, calibration=inputs.calibration)
+        inputs = train_inputs(progress=progress)
+        drivers[name] = GRPODriver(inputs.policy, inputs.prompts, inputs.reward_fn,
+                                   inputs.detokenize, inputs.stop_ids,
+                                   replace(config, tlt=tlt, seed=config.seed + seed_offset),
+                                   drafter=inputs.drafter, calibration=inputs.calibration)
     rows = []
     bar = tqdm(total=config.steps * len(RUNS), disable=not progress, unit="step", desc="train")
     for _ in range(config.steps):
-        for name, trainer in trainers.items():
-            m = trainer.step()
+        for name, driver in drivers.items():
+            m = driver.step()
             rows.append({"run": name, "step": m["step"], "step_s": m["step_s"],
                          "rollout_s": m["rollout_s"], "train_s": m["train_s"],
                          "reward": m["reward"], "acceptance_length": m["acceptance_length"],

@@ -1,14 +1,7 @@
-"""Adapters that plug tlt_core into other frameworks. Each imports its framework only when used:
-`tlt_core.integrations.trl` needs TRL (not a dependency of tlt_core)."""
+"""Adapters that plug tlt_core into other frameworks. `trl.py`: TRL's GRPOTrainer generating
+with tlt_core's engine (`TLTRollout`, a `rollout_func`). An adapter imports its framework only
+inside the calls that touch the framework's objects: none is a dependency of tlt_core."""
 
-from __future__ import annotations
+from tlt_core.integrations.trl import RolloutCall, TLTRollout, transformer_from_hf
 
-__all__ = ["TLTRollout", "RolloutCall", "transformer_from_hf"]
-
-
-def __getattr__(name: str):
-    if name in __all__:
-        from tlt_core.integrations import trl
-
-        return getattr(trl, name)
-    raise AttributeError(f"module 'tlt_core.integrations' has no attribute {name!r}")
+__all__ = ["RolloutCall", "TLTRollout", "transformer_from_hf"]

@@ -10,17 +10,18 @@ the reward functions; `TLTRollout` adds none.
 `TLTRollout` is such a function. Each call:
 1. Weight sync: when `trainer.state.global_step` moved since the engine's weights were last
    copied, the trainer's model (unwrapped) is copied into the engine's target with
-   `load_state_dict` (names map 1:1, as in tlt_core.checkpoint). That writes the parameters in
+   `load_state_dict` (names map 1:1, as in tlt_core.model.checkpoint). That writes the parameters in
    place, so the engine's packed copy of them is rebuilt, and the drafter, which reads the
    target's embedding, norm and head, sees the new ones. The same moment TRL syncs vLLM.
 2. Prompts are tokenized by TRL's own code (`trainer._tokenize_prompts`, chat template included),
    so the ids are the ones TRL's built-in generation would use.
 3. Consecutive equal prompts become one `Request(n=run length)`, a GRPO group (siblings share
-   model-free drafts), sampled at the trainer's temperature / top-k / top-p up to
+   suffix-match drafts), sampled at the trainer's temperature / top-k / top-p up to
    `max_completion_length` tokens or one of `trainer.eos_token_ids` (kept, as TRL keeps EOS).
    Seeds: (seed, process, call, request), so every call draws fresh samples.
-4. `engine.generate(requests, strategy)`: None (plain decoding), a Strategy / ModelFree plan,
-   a policy callable, or "adaptive" (AdaptivePolicy calibrated on the engine at first use).
+4. `engine.generate(requests, strategy)`: None (plain decoding), a Strategy / SuffixMatch
+   plan, a PlanPolicy or function of the batch size, or "adaptive" (AdaptivePolicy calibrated
+   on the engine at first use).
 5. Returns the rollouts' prompt ids, tokens and target log-probs; records a `RolloutCall` in
    `calls` and, where TRL offers it, logs `tlt/*` metrics next to TRL's own.
 
@@ -55,9 +56,15 @@ from typing import Any, Sequence
 
 import torch
 
-from tlt_core.engine import (EngineConfig, Request, RolloutEngine, RolloutResult, SamplingParams,
-                             StrategyPolicy, sample_seed)
-from tlt_core.model import ModelConfig, Transformer
+from tlt_core.adaptive.policy import DEFAULT_PLANS, AdaptivePolicy
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.plan import DraftPlan
+from tlt_core.drafting.suffix_match import SuffixMatch
+from tlt_core.engine.engine import EngineConfig, RolloutEngine
+from tlt_core.engine.hooks import Speculation
+from tlt_core.engine.records import Request, RolloutResult, SamplingParams
+from tlt_core.engine.sampling import sample_seed
+from tlt_core.model.transformer import ModelConfig, Transformer
 
 __all__ = ["TLTRollout", "RolloutCall", "transformer_from_hf"]
 
@@ -116,15 +123,15 @@ class TLTRollout:
     target: the engine's model, a tlt_core Transformer of the trainer's model's architecture (its
     weights are overwritten from the trainer's at the first call); None builds one from the
     trainer's model. drafter: a Drafter attached to target, or None.
-    strategy: None, a Strategy / ModelFree plan, a policy callable, or "adaptive": an
-    AdaptivePolicy over `plans` (default: DEFAULT_PLANS and ModelFree(8)), calibrated at the
-    first call on up to max_batch rows.
+    strategy: None, a Strategy / SuffixMatch plan, a PlanPolicy or function of the batch size,
+    or "adaptive": an AdaptivePolicy over `plans` (default: DEFAULT_PLANS and SuffixMatch(8)),
+    calibrated at the first call on up to max_batch rows.
     engine_config: None means max_batch = the first call's sample count (TRL's per-process
     generation batch); max_len grows as prompts need. seed: the base of every sample's seed.
     check_logprobs: compare with TRL's recomputation at every call (one extra forward)."""
 
-    def __init__(self, target: Transformer | None = None, *, drafter=None,
-                 strategy: StrategyPolicy | str = ADAPTIVE, plans: Sequence[object] | None = None,
+    def __init__(self, target: Transformer | None = None, *, drafter: Drafter | None = None,
+                 strategy: Speculation | str = ADAPTIVE, plans: Sequence[DraftPlan] | None = None,
                  engine_config: EngineConfig | None = None, seed: int = 0,
                  check_logprobs: bool = False):
         if drafter is not None and (target is None or drafter.target is not target):
@@ -138,7 +145,7 @@ class TLTRollout:
         self.engine_config, self.seed, self.check_logprobs = engine_config, seed, check_logprobs
         self.engine: RolloutEngine | None = None
         # what engine.generate gets; the adaptive policy is built with the engine
-        self.policy: StrategyPolicy = None if self.adaptive else strategy
+        self.policy: Speculation = None if self.adaptive else strategy
         self.calls: list[RolloutCall] = []
         self._weights_step: int | None = None
 
@@ -192,11 +199,8 @@ class TLTRollout:
         self.engine = RolloutEngine(self.target, replace(self.engine_config, max_len=max_len),
                                     self.drafter)
         if self.adaptive and self.policy is None:
-            from tlt_core.adaptive import DEFAULT_PLANS, AdaptivePolicy
-            from tlt_core.model_free import ModelFree
-
             _copy_weights(model, self.target)  # calibrate on the trainer's weights
-            plans = self.plans or (DEFAULT_PLANS + (ModelFree(8),))
+            plans = self.plans or (DEFAULT_PLANS + (SuffixMatch(8),))
             # no stop ids: calibration times steps at each batch size, so rows must not end
             calibration = [Request(ids, SamplingParams(temperature=float(trainer.temperature),
                                                        max_tokens=16))

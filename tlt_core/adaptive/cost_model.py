@@ -1,0 +1,244 @@
+"""A step-cost model of one engine on this machine, calibrated at engine start.
+
+For every calibrated running batch size B and draft plan (None: plain decoding), the model
+holds the tokens per second that real engine steps produced: calibration runs `generate` on B
+copies of a few workload prompts with that plan on every step, and times each step through the
+engine's observe hook (so drafting, verification, the accept phase and the Python around them
+are all in the number), keeping the steps at which all B rows were still running. Emitted
+tokens include the acceptance each plan achieved on those prompts. Measured, not modelled from
+components: on a small model the per-op overhead around the components (the accept phase, the
+Python between kernels) is a large share of a step, and a sum of component timings leaves it
+out.
+
+`rate(B, plan)` is the bandit's prior (interpolated between calibrated batches);
+`threshold(plans)` the largest calibrated batch at which some plan beats plain decoding by
+`margin`: the SD switch's default.
+
+Two kinds of plain step: `None`, a plain step of a loop that may speculate later (the adaptive
+loop's SD-off phase: the target also returns the drafter's features, which the drafter's
+backlog keeps), and `SD_OFF`, plain decoding with speculation off for the whole call (no
+drafter in the loop: what a rollout without SD costs). The second is cheaper; it is measured
+when `calibrate(..., sd_off=True)`, and a model without it uses the first for both.
+
+Tables are keyed by (batch, plan key): `DraftPlan.key` for a plan, "plain" for None, "off"
+for SD_OFF. Calibration runs on its own state: copies of the requests, and a fresh suffix
+index per measurement, so it neither reads nor adds to the engine's history.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from statistics import median
+from typing import Sequence
+
+from tlt_core.drafting.plan import DraftPlan
+from tlt_core.drafting.suffix_index import SuffixIndex
+from tlt_core.engine.engine import RolloutEngine
+from tlt_core.engine.hooks import StepOutcome
+from tlt_core.engine.records import Request
+
+PLAIN_KEY, SD_OFF_KEY = "plain", "off"
+
+
+class _SdOff:
+    """Plain decoding with speculation off for a whole generate call: a cost-model key, not a
+    plan the engine runs."""
+
+    key = SD_OFF_KEY
+
+    def __repr__(self) -> str:
+        return "SD_OFF"
+
+
+SD_OFF = _SdOff()
+
+
+@dataclass
+class CostModel:
+    # (batch, plan key) -> tokens per second; "plain" for None, "off" for SD_OFF
+    rates: dict[tuple[int, str], float]
+    calibration_s: float = 0.0  # what calibrating took
+    # plan key -> tokens a row emitted per step in calibration (the simulator's default)
+    acceptance: dict[str, float] = field(default_factory=dict)
+    # How a step's time grows with the rows' context (attention reads it all): per (batch,
+    # key), seconds per step per context token, fitted over the calibration's steps, and the
+    # mean context at which `rates` were measured. Empty: context-independent.
+    context_slope: dict[tuple[int, str], float] = field(default_factory=dict)
+    context_mean: dict[tuple[int, str], float] = field(default_factory=dict)
+    # the longest mean context the fit saw: longer contexts are held at it (a line fitted over
+    # tens of tokens is not extrapolated to thousands)
+    context_max: dict[tuple[int, str], float] = field(default_factory=dict)
+    # What a generate call of `batch` fresh rows costs outside its decode steps (prefill of the
+    # target's and the drafter's caches, scheduling, collecting the results), per (batch, key):
+    # its wall time minus the steps the observe hook timed. Empty: none.
+    admission_s: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    @property
+    def batches(self) -> list[int]:
+        return sorted({b for b, _ in self.rates})
+
+    def key(self, plan: DraftPlan | _SdOff | None) -> str:
+        """The tables' key of plan: plan.key; "plain" for None, and for SD_OFF when it was not
+        measured."""
+        if plan is None or (plan is SD_OFF and not any(k == SD_OFF_KEY for _, k in self.rates)):
+            return PLAIN_KEY
+        return plan.key
+
+    def rate(self, batch: int, plan, context: float | None = None) -> float:
+        """Measured tokens per second of a step with plan, interpolated linearly in log2(batch)
+        between calibrated batches (held flat outside them); at a mean row context (tokens)
+        when given and the calibration fitted the context dependence."""
+        key = self.key(plan)
+        batches = self.batches
+        if batch <= batches[0] or batch >= batches[-1]:
+            edge = batches[0] if batch <= batches[0] else batches[-1]
+            return self._at(edge, key, context)
+        high = next(b for b in batches if b >= batch)
+        low = max(b for b in batches if b <= batch)
+        if high == low:
+            return self._at(low, key, context)
+        t = (math.log2(batch) - math.log2(low)) / (math.log2(high) - math.log2(low))
+        return (1 - t) * self._at(low, key, context) + t * self._at(high, key, context)
+
+    def _at(self, batch: int, key: str, context: float | None) -> float:
+        rate = self.rates[(batch, key)]
+        if context is None or (batch, key) not in self.context_slope:
+            return rate
+        emitted = batch * self.acceptance.get(key, 1.0)
+        context = min(context, self.context_max.get((batch, key), context))
+        seconds = emitted / rate + self.context_slope[(batch, key)] * (
+            context - self.context_mean[(batch, key)])
+        return emitted / max(seconds, 0.1 * emitted / rate)  # a steep fit never goes below 10%
+
+    def admission(self, rows: int, plan) -> float:
+        """Seconds to admit `rows` fresh rows under plan, outside the decode steps: at the
+        nearest calibrated batch at or below rows (the smallest one below them all)."""
+        key = self.key(plan)
+        calibrated = [b for b, k in self.admission_s if k == key]
+        if not calibrated:
+            return 0.0
+        below = [b for b in calibrated if b <= rows]
+        return self.admission_s[(max(below) if below else min(calibrated), key)]
+
+    def threshold(self, plans: Sequence[object], margin: float = 0.05) -> int:
+        """The largest calibrated batch at which the best plan beats plain decoding by margin,
+        over a run of such batches from the smallest (0 if it does not pay even there)."""
+        best = 0
+        for batch in self.batches:
+            if max(self.rate(batch, p) for p in plans) <= (1 + margin) * self.rate(batch, None):
+                break
+            best = batch
+        return best
+
+
+def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequence[int],
+              calibration_requests: Sequence[Request], *, max_tokens: int = 24,
+              sd_off: bool = False, reps: int = 1) -> CostModel:
+    """Measures engine's tokens per second for every batch in batches (at most
+    engine.config.max_batch) and every plan and plain decoding (and, with sd_off, plain
+    decoding with speculation off: SD_OFF), on copies of calibration_requests (a few prompts
+    like the workload's) cut to max_tokens. reps > 1 sweeps every measurement that many times
+    and keeps medians: a sweep is seconds long, and on a shared machine a burst of someone
+    else's work can slow one sweep by 10%; the median ignores it."""
+    start = time.perf_counter()
+    batches = sorted({int(b) for b in batches if 1 <= b <= engine.config.max_batch})
+    if not batches:
+        raise ValueError(f"batches: need sizes in [1, max_batch={engine.config.max_batch}]")
+    if not calibration_requests:
+        raise ValueError("calibration_requests: need at least one request to calibrate on")
+    if reps < 1:
+        raise ValueError(f"reps: must be >= 1, got {reps}")
+    # per (batch, key), one entry per sweep: seconds per full-batch step, admission seconds,
+    # context fit (slope, mean context, longest context)
+    step_s, admission, fits = {}, {}, {}
+    emitted = {}  # plan key -> (tokens, row steps), pooled over sweeps
+    # untimed: a process's first generate call pays one-time costs (thread pools, packed
+    # weights) that would land in the first measurement's admission time
+    first = calibration_requests[0]
+    engine.generate([replace(first, params=replace(first.params, n=1, max_tokens=2))],
+                    _Recorder(None, 1), suffix_index=SuffixIndex())
+    for _ in range(reps):
+        for batch in batches:
+            requests = [replace(r, params=replace(
+                r.params, n=1,
+                max_tokens=max(1, min(max_tokens, engine.config.max_len - len(r.prompt_ids)))))
+                for r in (list(calibration_requests) * batch)[:batch]]
+            prompt = sum(len(r.prompt_ids) for r in requests) / len(requests)
+            for plan in (SD_OFF,) * sd_off + (None,) + tuple(plans):
+                recorder = _measure(engine, requests, plan, batch)
+                key = (batch, PLAIN_KEY if plan is None else plan.key)
+                step_s.setdefault(key, []).append(recorder.seconds / len(recorder.steps))
+                admission.setdefault(key, []).append(
+                    max(0.0, recorder.wall_s - recorder.all_steps_s))
+                fit = recorder.context_fit(prompt)
+                if fit is not None:
+                    fits.setdefault(key, []).append(fit)
+                if plan is not None and plan is not SD_OFF:
+                    tokens, rows = emitted.get(plan.key, (0, 0))
+                    emitted[plan.key] = (tokens + recorder.tokens, rows + recorder.row_steps)
+    acceptance = {plan: tokens / rows for plan, (tokens, rows) in emitted.items()}
+    # a step's duration is what was measured; the tokens it emits, the pooled acceptance
+    rates = {key: key[0] * acceptance.get(key[1], 1.0) / median(times)
+             for key, times in step_s.items()}
+    fitted = {key: tuple(median(column) for column in zip(*entries))
+              for key, entries in fits.items()}
+    return CostModel(rates, time.perf_counter() - start, acceptance,
+                     {key: fit[0] for key, fit in fitted.items()},
+                     {key: fit[1] for key, fit in fitted.items()},
+                     {key: fit[2] for key, fit in fitted.items()},
+                     {key: median(times) for key, times in admission.items()})
+
+
+class _Recorder:
+    """A fixed-plan PlanPolicy (None: plain steps, still under a policy, so the engine keeps the
+    drafter's backlog as in the adaptive loop's SD-off phase) that adds up the full-batch
+    steps' tokens and seconds. SD_OFF: no policy at all, the recorder only observes."""
+
+    def __init__(self, plan: DraftPlan | None, batch: int):
+        self.plan, self.batch = plan, batch
+        self.tokens, self.seconds, self.row_steps = 0, 0.0, 0
+        self.steps: list[tuple[float, float]] = []
+        self.all_steps_s = 0.0  # every step's time, whatever its batch
+        self.wall_s = 0.0  # the whole generate call
+
+    def choose(self, batch: int) -> DraftPlan | None:
+        return self.plan
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.all_steps_s += outcome.seconds
+        if outcome.batch == self.batch:
+            # (tokens per row so far, step time)
+            self.steps.append((self.tokens / outcome.batch, outcome.seconds))
+            self.tokens += outcome.emitted
+            self.seconds += outcome.seconds
+            self.row_steps += outcome.batch
+
+    def context_fit(self, prompt_length: float) -> tuple[float, float, float] | None:
+        """Least-squares seconds-per-step against the rows' mean context: (slope, mean
+        context, longest context), or None with too few steps to fit."""
+        if len(self.steps) < 4:
+            return None
+        contexts = [prompt_length + done for done, _ in self.steps]
+        times = [seconds for _, seconds in self.steps]
+        mean_c, mean_t = sum(contexts) / len(contexts), sum(times) / len(times)
+        spread = sum((c - mean_c) ** 2 for c in contexts)
+        if spread == 0:
+            return None
+        slope = sum((c - mean_c) * (t - mean_t) for c, t in zip(contexts, times)) / spread
+        return slope, mean_c, max(contexts)
+
+
+def _measure(engine: RolloutEngine, requests: list[Request], plan, batch: int) -> _Recorder:
+    """One calibration run; suffix-match drafts see this run's siblings only."""
+    recorder = _Recorder(None if plan is SD_OFF else plan, batch)
+    start = time.perf_counter()
+    if plan is SD_OFF:
+        engine.generate(requests, None, observe=recorder.observe, suffix_index=SuffixIndex())
+    else:
+        engine.generate(requests, recorder, suffix_index=SuffixIndex())
+    recorder.wall_s = time.perf_counter() - start
+    if recorder.seconds == 0:
+        raise RuntimeError(f"calibration: no step ran with all {batch} rows; raise max_tokens")
+    return recorder

@@ -1,0 +1,18 @@
+"""The `tlt` command line. Subcommands:
+
+  tlt train           GRPO with TLT (the main job): the embedded task by default, or --model
+                      DIR --data FILE; --compare adds the SD-off baseline
+  tlt generate        text generation with speculative decoding, batch or interactive
+  tlt export drafter  a trained drafter in SGLang's EAGLE or vLLM's speculators layout
+  tlt bench ...       benchmarks, each a ratio against a baseline run side by side
+  tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
+  tlt demo            one speculative verification step on a toy tree, explained
+
+`main.py` builds the tree from the subcommand modules and dispatches; `options.py` derives
+flags from config dataclasses; `config_file.py` reads `--config FILE`. Run as `tlt ...` or
+`python -m tlt_core.cli ...` (what `torchrun -m tlt_core.cli train` uses).
+"""
+
+from tlt_core.cli.main import build_parser, main
+
+__all__ = ["build_parser", "main"]

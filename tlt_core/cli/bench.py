@@ -1,0 +1,345 @@
+"""`tlt bench ...` and `tlt task lengths`: the benchmarks' command lines and runners.
+
+Each runner loads what its benchmark needs (the embedded workload through its one loader, or a
+checkpoint), calls the benchmark module in tlt_core.bench, prints its table and writes its JSON
+(`--json FILE`) and plot (`--plot PNG`) where asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tlt_core.bench import drafter as bench_drafter
+from tlt_core.bench import engine as bench_engine
+from tlt_core.bench import kernels as bench_kernels
+from tlt_core.bench import lengths as bench_lengths
+from tlt_core.bench import peers as bench_peers
+from tlt_core.bench import rollout as bench_rollout
+from tlt_core.bench import simulate as bench_simulate
+from tlt_core.bench import speculative as bench_speculative
+from tlt_core.bench import train as bench_train
+from tlt_core.embedded.task import length_stats
+from tlt_core.embedded.workload import load_embedded, load_pretrained
+from tlt_core.model.checkpoint import load_checkpoint
+from tlt_core.rl.driver import TrainConfig
+from tlt_core.sim.simulator import load_calibration
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def add_parsers(commands) -> None:
+    """`tlt bench BENCHMARK` and `tlt task lengths`."""
+    bench = commands.add_parser("bench", help="benchmarks, each a ratio against a baseline")
+    bench_kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    kernels = bench_kinds.add_parser(
+        "kernels", help="fused kernels vs the PyTorch reference, side by side",
+        description="Times each fused kernel against its pure-PyTorch reference "
+                    "(tlt_core.ops.reference) in one run, on EAGLE-shaped draft trees. "
+                    "Cases whose logits exceed 1 GiB are skipped.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    kernels.add_argument("--json", type=Path, metavar="FILE",
+                         help="write the result rows (op, B, N, V, fused_us, reference_us, "
+                              "speedup, mean_accepted, device, baseline) as a JSON list")
+    kernels.add_argument("--batch", type=_int_list, default=[1, 4, 16, 64],
+                         help="batch sizes B, comma-separated")
+    kernels.add_argument("--nodes", type=_int_list, default=[8, 32, 64],
+                         help="tree sizes N, comma-separated")
+    kernels.add_argument("--vocab", type=_int_list, default=[32000, 151936],
+                         help="vocabulary sizes V, comma-separated")
+    kernels.add_argument("--ops", default="verify_tree_sampling,verify_tree_greedy,select_tree,"
+                                          "tree_metadata,compact_kv_",
+                         help="kernels to time, comma-separated")
+    kernels.add_argument("--reference-reps", type=int, default=1,
+                         help="timed runs of the (slow) reference per case; the median is kept")
+    kernels.add_argument("--quick", action="store_true",
+                         help="a 1-minute smoke run: B in {1,4}, N in {8}, V in {32000}")
+    kernels.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                         help="where the fused kernels run (the reference always runs on cpu)")
+    kernels.add_argument("--baseline", choices=["reference", "cpu_fused"], default="reference",
+                         help="what the fused kernel is compared with: the PyTorch reference, "
+                              "or (with --device cuda) our CPU kernel")
+    kernels.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    engine = bench_kinds.add_parser(
+        "engine", help="the engine's plain decoding vs Hugging Face generate, side by side",
+        description="Greedy decoding throughput of tlt_core's rollout engine and of "
+                    "transformers' generate() on the same model and weights (exported through "
+                    "our checkpoint format), at each batch size, in one run.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    engine.add_argument("--json", type=Path, metavar="FILE",
+                        help="write rows (batch, ours_tok_s, hf_tok_s, ratio, ...) as JSON")
+    engine.add_argument("--model", type=Path, metavar="PATH",
+                        help="a local Hugging Face checkpoint folder; default: the "
+                             "pre-trained embedded model")
+    engine.add_argument("--batch", type=_int_list, default=[1, 32], help="batch sizes")
+    engine.add_argument("--new-tokens", type=int, default=128, help="tokens generated per row")
+    engine.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
+
+    speculative = bench_kinds.add_parser(
+        "speculative", help="speculative rollout vs plain decoding, side by side",
+        description="Tokens per second of the rollout engine with speculative decoding (the "
+                    "pre-trained embedded model and its drafter) and without, on the same embedded-task requests, interleaved "
+                    "in one run, per batch size and draft strategy (depth,topk,N).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    speculative.add_argument("--json", type=Path, metavar="FILE",
+                             help="write rows (batch, strategy, acceptance_length, sd_tok_s, "
+                                  "plain_tok_s, speedup, ...) as JSON")
+    speculative.add_argument("--plot", type=Path, metavar="PNG",
+                             help="plot speedup against batch size per strategy")
+    speculative.add_argument("--batch", type=_int_list, default=[1, 4, 16, 64],
+                             help="batch sizes (the engine's max running rows)")
+    speculative.add_argument("--strategy", action="append", metavar="D,K,N",
+                             help="a draft strategy depth,topk,num_verify_tokens; repeatable "
+                                  "(default: 6,1,7 8,1,9 12,1,13 5,4,16 6,8,32)")
+    speculative.add_argument("--temperature", type=float, default=1.0,
+                             help="sampling temperature (0: greedy, also checks SD == plain)")
+    speculative.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
+    speculative.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    drafter = bench_kinds.add_parser(
+        "drafter", help="spot-trained vs frozen drafter on an evolving target (2 ranks)",
+        description="Fine-tunes the pre-trained embedded model round by round toward a drifted task "
+                    "(the countdown steps down by two) and, on `--world` gloo ranks, rolls out "
+                    "each round three ways: with the frozen initial drafter, with the "
+                    "spot-trained drafter and no training, and with spot training in the "
+                    "idle tail followed by the step-weighted refresh. Reports acceptance "
+                    "per round and the makespan cost of spot training.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    drafter.add_argument("--json", type=Path, metavar="FILE",
+                         help="write {rows: per round and rank, summary} as JSON")
+    drafter.add_argument("--rounds", type=int, default=8, help="evolving-target rounds")
+    drafter.add_argument("--world", type=int, default=2, help="rollout ranks (processes)")
+    drafter.add_argument("--requests", type=int, default=192, help="requests per round")
+    drafter.add_argument("--group-size", type=int, default=8,
+                         help="samples per prompt (a GRPO group; a group stays on one rank)")
+    drafter.add_argument("--extra-steps", type=int, default=0,
+                         help="ceiling study: spot steps per rank added after each round, off "
+                              "the clock, as if the tail had left that much idle time")
+    drafter.add_argument("--steps-per-round", type=int, default=25,
+                         help="target fine-tuning steps between rounds (the drift)")
+
+    rollout = bench_kinds.add_parser(
+        "rollout", help="adaptive loop vs SD off / always on, long-tail and no-tail rollouts",
+        description="A 64-request rollout of the embedded task (T=1, 8 prompts x 8 samples), "
+                    "long-tailed and with equal lengths, in four modes side by side: SD off; SD "
+                    "always on with the best fixed strategy; the adaptive loop (SD switch + "
+                    "per-bucket bandit, calibrated at start); and the adaptive loop with "
+                    "suffix-match drafts from sibling and previous-round responses. Reports "
+                    "makespan, tokens/s, tail time, acceptance and speedup vs SD off.")
+    rollout.add_argument("--json", type=Path, metavar="FILE", help="write rows and studies here")
+    rollout.add_argument("--plot", type=Path, metavar="PNG",
+                         help="plot the running batch over time per mode here")
+    rollout.add_argument("--rounds", type=int, default=3,
+                         help="measured rounds per mode (medians), after one unmeasured round")
+    rollout.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    bench_train = bench_kinds.add_parser(
+        "train", help="GRPO end to end: TLT vs SD off (and SD off with another seed)",
+        description="Three GRPO runs on the embedded task, stepped in turn: TLT, SD off with "
+                    "the same seed, SD off with another seed (the reward-noise floor). Reports "
+                    "per-step time and reward, the end-to-end speedup, the reward gap and the "
+                    "reward noise.")
+    bench_train.add_argument("--json", type=Path, metavar="FILE", help="write rows + summary")
+    bench_train.add_argument("--steps", type=int, default=12, help="GRPO steps per run")
+    bench_train.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    simulate = bench_kinds.add_parser(
+        "simulate", help="the scale simulator: validated on 2-rank runs here, then a projection",
+        description="Validates the rollout simulator (cost model + response lengths -> "
+                    "makespan) against measured 2-rank rollouts of forced-length traces of "
+                    "several tail shapes, SD off and on, then projects a many-worker run. The "
+                    "projection is a model's prediction, not a measurement.")
+    simulate.add_argument("--json", type=Path, metavar="FILE", help="write rows + projection")
+    simulate.add_argument("--reps", type=int, default=3,
+                          help="calibration sweeps and measured rollouts per row (medians)")
+    simulate.add_argument("--calibration", type=Path, metavar="FILE",
+                          help="a cost-model calibration (JSON; the GPU script writes one) for "
+                               "the projection; default: the one measured here")
+    simulate.add_argument("--workers", type=int, default=64, help="workers in the projection")
+    simulate.add_argument("--train-s-per-token", type=float,
+                          help="training seconds per generated token, for the projection's "
+                               "end-to-end speedup")
+    simulate.add_argument("--rollout-share", type=float,
+                          help="the rollout's share of an SD-off step (e.g. 0.85, what TLT's "
+                               "paper reports for production traces), for an end-to-end speedup")
+
+    peers = bench_kinds.add_parser(
+        "peers", help="our SD vs HF assisted decoding, our GRPO vs TRL GRPO, on the same work",
+        description="Our batch-1 speculative decoding against transformers' assisted decoding "
+                    "(a 2-layer assistant of the same vocabulary, pre-trained on the task) with "
+                    "the same target weights, at T=0 (outputs checked identical) and T=1; and "
+                    "our GRPO driver (TLT and SD off) against TRL's GRPOTrainer on the same "
+                    "model, prompts and settings (needs TRL: bash bench/setup_peers.sh). Rows: "
+                    "peer, setting, ours, theirs (tokens/s), ratio (ours faster above 1).")
+    peers.add_argument("--json", type=Path, metavar="FILE", help="write the rows here")
+    peers.add_argument("--no-progress", action="store_true", help="no progress bars")
+    kernels.set_defaults(runner=run_kernels)
+    engine.set_defaults(runner=run_engine)
+    speculative.set_defaults(runner=run_speculative)
+    drafter.set_defaults(runner=run_drafter)
+    rollout.set_defaults(runner=run_rollout)
+    bench_train.set_defaults(runner=run_train)
+    simulate.set_defaults(runner=run_simulate)
+    peers.set_defaults(runner=run_peers)
+
+    task = commands.add_parser("task", help="the embedded task")
+    task_kinds = task.add_subparsers(dest="task", required=True, metavar="WHAT")
+    lengths = task_kinds.add_parser(
+        "lengths", help="response-length distribution (reference and pre-trained model)",
+        description="Prints length statistics of the embedded task's reference solutions and "
+                    "of the pre-trained embedded model's samples at temperature 1, and optionally "
+                    "plots their histograms.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    lengths.add_argument("--problems", type=int, default=5000,
+                         help="reference problems to measure")
+    lengths.add_argument("--model-problems", type=int, default=512,
+                         help="problems the pre-trained model answers (0: skip the model)")
+    lengths.add_argument("--plot", type=Path, metavar="PNG", help="write a histogram image")
+    lengths.set_defaults(runner=run_task_lengths)
+
+
+def _write_json(path: Path | None, result: dict) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+def _write_rows(path: Path | None, rows: list[dict]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"wrote {len(rows)} rows to {path}")
+
+
+def run_kernels(args: argparse.Namespace) -> int:
+    batches, nodes, vocabs = args.batch, args.nodes, args.vocab
+    if args.quick:
+        batches, nodes, vocabs = [1, 4], [8], [32000]
+    results = bench_kernels.run(ops_to_time=[op for op in args.ops.split(",") if op],
+                                batches=batches, nodes=nodes, vocabs=vocabs,
+                                reference_reps=args.reference_reps,
+                                progress=not args.no_progress, device=args.device,
+                                baseline=args.baseline)
+    print(bench_kernels.format_table(results))
+    _write_rows(args.json, bench_kernels.as_rows(results))
+    return 0
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    model = (load_checkpoint(args.model) if args.model is not None
+             else load_embedded(with_drafter=False).target)
+    results = bench_engine.run(model.eval(), batches=args.batch, new_tokens=args.new_tokens,
+                               reps=args.reps)
+    print(bench_engine.format_table(results))
+    _write_rows(args.json, bench_engine.as_rows(results))
+    return 0
+
+
+def run_speculative(args: argparse.Namespace) -> int:
+    strategies = (bench_speculative.DEFAULT_STRATEGIES if not args.strategy else
+                  [bench_speculative.parse_strategy(text) for text in args.strategy])
+    workload = load_embedded(progress=not args.no_progress)
+    report = workload.drafter_report
+    print(f"drafter: {report.steps} training steps, teacher-forced top-1 agreement "
+          f"{report.final_top1:.3f}")
+    results = bench_speculative.run(workload.target, workload.drafter, batches=args.batch,
+                                    strategies=strategies, temperature=args.temperature,
+                                    reps=args.reps, progress=not args.no_progress)
+    print(bench_speculative.format_table(results))
+    _write_rows(args.json, bench_speculative.as_rows(results))
+    if args.plot:
+        bench_speculative.plot(results, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    workload = load_embedded(progress=not args.no_progress)
+    result = bench_rollout.run(workload.target, workload.drafter, rounds=args.rounds,
+                               progress=not args.no_progress)
+    print(bench_rollout.format_table(result))
+    if args.plot is not None:
+        bench_rollout.plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    _write_json(args.json, result)
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    result = bench_train.run(TrainConfig(steps=args.steps), progress=not args.no_progress)
+    print(bench_train.format_table(result))
+    _write_json(args.json, result)
+    return 0
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    workload = load_embedded()
+    result = bench_simulate.validate(workload.target_folder, workload.drafter_folder,
+                                     reps=args.reps)
+    print(bench_simulate.format_table(result))
+    measured = result.pop("cost_model")  # not JSON; the calibration is in result already
+    if args.calibration is not None:
+        cost, source = load_calibration(args.calibration), str(args.calibration)
+    else:
+        cost, source = measured, "this machine (2 ranks, 1 thread each)"
+    projection = bench_simulate.project(cost, workers=args.workers,
+                                        train_s_per_token=args.train_s_per_token,
+                                        rollout_share=args.rollout_share)
+    projection["cost_model"] = source
+    result["projection"] = projection
+    print(f"PROJECTION (simulated, not measured; cost model: {source}): "
+          + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                      for k, v in projection.items() if k != "cost_model"))
+    _write_json(args.json, result)
+    return 0
+
+
+def run_peers(args: argparse.Namespace) -> int:
+    workload = load_embedded(progress=not args.no_progress)
+    rows = bench_peers.hf_assisted(workload.target, workload.drafter,
+                                   progress=not args.no_progress)
+    try:
+        rows += bench_peers.trl_grpo(progress=not args.no_progress)
+    except ImportError as error:
+        print(f"trl_grpo: skipped, TRL is not installed ({error}); bash bench/setup_peers.sh "
+              "installs it", file=sys.stderr)
+    print(bench_peers.format_table(rows))
+    _write_rows(args.json, rows)
+    return 0
+
+
+def run_drafter(args: argparse.Namespace) -> int:
+    workload = load_embedded()
+    result = bench_drafter.run(workload.target, workload.drafter_folder, workload.target_folder,
+                               rounds=args.rounds, world=args.world, requests=args.requests,
+                               group_size=args.group_size, steps_per_round=args.steps_per_round,
+                               extra_steps=args.extra_steps)
+    print(bench_drafter.format_table(result))
+    _write_json(args.json, result)
+    return 0
+
+
+def run_task_lengths(args: argparse.Namespace) -> int:
+    series = {"reference solutions": bench_lengths.reference_lengths(args.problems)}
+    if args.model_problems > 0:
+        model = load_pretrained()[0]
+        series["pre-trained model, T=1"] = bench_lengths.model_lengths(model,
+                                                                       args.model_problems)
+    for label, values in series.items():
+        stats = length_stats(values)
+        print(f"{label:>22}: " + ", ".join(f"{k} {v:.1f}" for k, v in stats.items()))
+    if args.plot:
+        bench_lengths.plot_histogram(series, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,24 @@
+"""Drafting: what proposes the tokens a speculative step verifies, and how the drafter learns.
+
+`drafter.py` is the one-layer EAGLE-style drafter that shares the target's embedding, final
+norm and LM head; `plan.py` the `DraftPlan` protocol every draft plan follows; `tree.py` the
+learned drafter's plan (`Strategy`: depth, top-k, tokens verified) and how its EAGLE-2 tree is
+grown; `suffix_index.py` and `suffix_match.py` drafts copied from sibling and earlier
+responses, with no model pass; `training.py` the EAGLE loss on records of what the target
+computed; `export.py` the drafter in SGLang's EAGLE and vLLM's speculators layouts. Nothing
+here decides when to speculate or runs a rollout (tlt_core.engine, tlt_core.adaptive).
+"""
+
+from tlt_core.drafting.drafter import Drafter, DrafterConfig
+from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, exportable, load_export
+from tlt_core.drafting.plan import DraftContext, DraftPlan
+from tlt_core.drafting.suffix_index import SuffixIndex
+from tlt_core.drafting.suffix_match import SuffixMatch
+from tlt_core.drafting.training import (DraftBatch, DraftRecord, collect_records, eagle_loss,
+                                        make_batch, make_optimizer, train_step)
+from tlt_core.drafting.tree import Strategy, draft_tree
+
+__all__ = ["DraftBatch", "DraftContext", "DraftPlan", "DraftRecord", "Drafter", "DrafterConfig",
+           "EXPORT_FORMATS", "Strategy", "SuffixIndex", "SuffixMatch", "collect_records",
+           "draft_tree", "eagle_loss", "export_drafter", "exportable", "load_export",
+           "make_batch", "make_optimizer", "train_step"]

@@ -1,0 +1,213 @@
+"""The EAGLE-style drafter: one decoder layer that predicts the target's next hidden state.
+
+At position t the drafter takes the target's feature f_t (the hidden state after x_t) and the
+embedding of the next token x_{t+1}, fuses them (linear 2H -> H), runs one decoder layer and
+returns f'_{t+1}, its guess of the target's feature at t+1; the target's final norm and LM head
+turn that into a distribution over x_{t+2}. Drafting deeper feeds f' back in place of f.
+
+EAGLE-3 style fusion: with `feature_layers` naming several target layers (e.g. low, middle and
+high), f_t is the concatenation of their outputs, reduced to H by a `fuse` linear first; the
+drafter's own outputs are already H wide and skip it.
+
+Two forms of the same drafter (`DrafterConfig.form`), differing only in where the target's final
+norm sits:
+- "tlt": f_t is the last layer's output BEFORE the final norm; the decoder layer
+  normalises its input (input_layernorm); logits = lm_head(final_norm(f')). f' regresses onto
+  the target's pre-norm hidden state.
+- "eagle": EAGLE-1 as serving engines run it (SafeAILab/EAGLE cnets.py, SGLang's
+  LlamaForCausalLMEagle, the speculators library's EagleSpeculator): f_t is the hidden state
+  AFTER the final norm (what the LM head sees); the layer has no input norm (identity);
+  logits = lm_head(f'), no norm. f' regresses onto the target's normed hidden state. Only this
+  form has an exact serving representation (tlt_core.drafting.export); it needs feature_layers (-1,).
+The default is "eagle" for a drafter that reads the last layer alone (it also drafted better:
+acceptance 5.6-5.8 against 4.4-4.9 for "tlt" on the embedded model, same training budget), and
+"tlt" for several feature layers (EAGLE-3 style fusion, which only form "tlt" has).
+
+The embedding, final norm and LM head are the target's own tensors, used detached: they are
+never copied into the drafter, never receive gradients and are never written (the drafter holds
+the target outside its module tree, so its state_dict, parameters() and .to() never include
+them). The drafter's trainable tensors are `fuse` (EAGLE-3 only), `fc` and `layer`.
+
+Position bookkeeping (the engine's invariant): the drafter's cache holds the pairs
+(f_t, x_{t+1}) for every position t the target's cache holds, so both caches have the same
+length, and the drafter's output at the last pair predicts the token after the root.
+
+Shapes: B rows, T tokens, H hidden size, F number of feature layers, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from tlt_core.model.attention_plan import AttentionPlan, attention_plan
+from tlt_core.model.kv_cache import CacheShape, KVCache
+from tlt_core.model.packed import PackedLayers, plan_for, run_layers
+from tlt_core.model.transformer import DecoderLayer, Transformer
+
+DRAFTER_CONFIG_FILE = "drafter_config.json"
+DRAFTER_WEIGHTS_FILE = "drafter.safetensors"
+FORMS = ("tlt", "eagle")  # DrafterConfig.form
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    # Target layers whose outputs form the feature f_t: (-1,) is EAGLE-1/2 (the last layer's
+    # output); several layers is EAGLE-3 style fusion.
+    feature_layers: tuple[int, ...] = (-1,)
+    # Where the target's final norm sits (module docstring): "tlt" (pre-norm features, the
+    # layer's own input norm, final norm before the head) or "eagle" (normed features, no input
+    # norm, no norm before the head; exportable to SGLang and speculators). None: "eagle" for
+    # feature_layers (-1,), "tlt" for several layers.
+    form: str | None = None
+
+    def __post_init__(self):
+        layers = tuple(int(i) for i in self.feature_layers)
+        if not layers or len(set(layers)) != len(layers):
+            raise ValueError(f"feature_layers: need one or more distinct layer indices, got "
+                             f"{self.feature_layers!r}")
+        object.__setattr__(self, "feature_layers", layers)
+        if self.form is None:
+            object.__setattr__(self, "form", "eagle" if layers == (-1,) else "tlt")
+        if self.form not in FORMS:
+            raise ValueError(f"form: expected one of {FORMS}, got {self.form!r}")
+        if self.form == "eagle" and layers != (-1,):
+            raise ValueError(f"feature_layers: form 'eagle' reads the target's last layer only "
+                             f"(feature_layers=(-1,)), as EAGLE-1 does; got {layers}. Use form "
+                             "'tlt' for EAGLE-3 style fusion")
+
+
+class Drafter(nn.Module):
+    def __init__(self, target: Transformer, config: DrafterConfig = DrafterConfig()):
+        super().__init__()
+        layers = target.config.num_layers
+        bad = [i for i in config.feature_layers if not -layers <= i < layers]
+        if bad:
+            raise ValueError(f"feature_layers: layer {bad[0]} is out of range for a target with "
+                             f"{layers} layers")
+        self.config = config
+        self._target = (target,)  # a tuple hides it from nn.Module: shared, not owned
+        hidden = target.config.hidden_size
+        width = len(config.feature_layers)
+        self.fuse = nn.Linear(width * hidden, hidden, bias=False) if width > 1 else None
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.layer = DecoderLayer(target.config)
+        if config.form == "eagle":  # EAGLE-1: the layer's input is not normalised (cnets.py)
+            self.layer.input_layernorm = nn.Identity()
+        self._packed = PackedLayers(lambda: [self.layer], target.config)  # for inference
+        self.to(dtype=target.lm_head.weight.dtype, device=target.lm_head.weight.device)
+
+    @property
+    def target(self) -> Transformer:
+        return self._target[0]
+
+    def new_cache(self, batch: int, max_len: int, budget_bytes: int | None = None) -> KVCache:
+        c = self.target.config
+        return KVCache(CacheShape(1, batch, c.num_kv_heads, max_len, c.head_dim),
+                       dtype=self.fc.weight.dtype, device=self.fc.weight.device,
+                       budget_bytes=budget_bytes)
+
+    # ---- the computation ---------------------------------------------------------------------
+
+    def features(self, target_hidden: Sequence[torch.Tensor]) -> torch.Tensor:
+        """f_t (..., H) from the target's outputs at feature_layers (each (..., H), in order;
+        the raw layer outputs, before any norm). Form "eagle" normalises them here."""
+        if self.config.form == "eagle":
+            return self._final_norm(target_hidden[0])
+        if self.fuse is None:
+            return target_hidden[0]
+        return self.fuse(torch.cat(tuple(target_hidden), dim=-1))
+
+    def feature_target(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """What f'_{t+1} regresses onto, from the target's last-layer output (..., H) at t + 1:
+        the output itself (form "tlt") or its final norm (form "eagle", what the head sees)."""
+        return self._final_norm(last_hidden) if self.config.form == "eagle" else last_hidden
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, *, tree_mask: torch.Tensor | None = None,
+                plan: AttentionPlan | None = None) -> torch.Tensor:
+        """tokens (B, T) int64: x_{t+1}; features (B, T, H): f_t (or the drafter's own f');
+        positions (B, T) int64: t. With a cache, token i of row b is written to slot
+        cache.lengths[b] + i and sees the committed slots plus what tree_mask allows (causal
+        by default), exactly like the target; `plan` replaces that plan outright (the draft
+        tree, whose nodes see their ancestors among uncommitted slots). Returns f' (B, T, H);
+        logits(f') is the distribution of the token after each x_{t+1}."""
+        target = self.target
+        embedded = F.embedding(tokens, target.model.embed_tokens.weight.detach())  # (B, T, H)
+        h = F.linear(torch.cat((embedded, features), dim=-1), self.fc.weight)  # (B, T, H)
+        if cache is not None and not torch.is_grad_enabled():  # inference: the packed layer
+            if plan is None:
+                plan = plan_for(tokens, cache, tree_mask)
+            B, T = tokens.shape
+            h, _ = run_layers(self._packed, h.view(B * T, -1), positions,
+                              target.model.rotary_emb, [cache.data[0]], plan)
+            return h.view(B, T, -1)
+        if plan is None:
+            plan = attention_plan(tokens.shape, cache, tree_mask, tokens.device)
+        cos, sin = target.model.rotary_emb(positions, h.dtype)  # (B, T, d) each
+        return self.layer(h, cos, sin, plan, None if cache is None else cache.layer(0))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) drafter outputs -> (..., V) float32 logits, through the target's LM head
+        (detached), after its final norm in form "tlt"; form "eagle" applies none (its outputs
+        predict the normed hidden state, as EAGLE-1's do)."""
+        head = self.target.lm_head.weight.detach()
+        if self.config.form == "tlt":
+            hidden = self._final_norm(hidden)
+        return F.linear(hidden, head).float()
+
+    def _final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's final RMSNorm with its weight detached: the same math as
+        tlt_core.model.transformer.RMSNorm (float32 normalisation, scale in the weights' dtype)."""
+        norm = self.target.model.norm
+        if hidden.dtype == torch.float32:
+            return F.rms_norm(hidden, (hidden.shape[-1],), norm.weight.detach(), norm.eps)
+        normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), eps=norm.eps).to(hidden.dtype)
+        return norm.weight.detach() * normed
+
+    # ---- checkpoints -------------------------------------------------------------------------
+
+    def save(self, folder: str | Path, metadata: dict | None = None) -> None:
+        """Writes the trainable tensors (safetensors) and the config, plus free-form metadata
+        (provenance); the target's tensors are not written."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
+        save_file(tensors, str(folder / DRAFTER_WEIGHTS_FILE))
+        record = {"drafter": {"feature_layers": list(self.config.feature_layers),
+                              "form": self.config.form},
+                  "target": self.target.config.to_hf_config(), "metadata": metadata or {}}
+        (folder / DRAFTER_CONFIG_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, folder: str | Path, target: Transformer) -> Drafter:
+        """A drafter saved by save(), attached to `target` (which must have the same shape as
+        the target it was trained for)."""
+        folder = Path(folder)
+        config_path, weights_path = folder / DRAFTER_CONFIG_FILE, folder / DRAFTER_WEIGHTS_FILE
+        for path in (config_path, weights_path):
+            if not path.is_file():
+                raise FileNotFoundError(f"folder: {folder} has no {path.name}; is it a drafter "
+                                        "saved by Drafter.save?")
+        record = json.loads(config_path.read_text())
+        # drafters saved before forms existed are form "tlt"
+        config = DrafterConfig(tuple(record["drafter"]["feature_layers"]),
+                               record["drafter"].get("form", "tlt"))
+        saved_for = record["target"]
+        mine = target.config.to_hf_config()
+        for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+                    "head_dim", "intermediate_size"):
+            if saved_for.get(key) != mine.get(key):
+                raise ValueError(f"target: this drafter was trained for {key} = "
+                                 f"{saved_for.get(key)}, the target has {mine.get(key)}")
+        drafter = cls(target, config)
+        state = load_file(str(weights_path), device=str(target.lm_head.weight.device))
+        drafter.load_state_dict(state, strict=True)
+        return drafter

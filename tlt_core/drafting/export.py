@@ -1,0 +1,328 @@
+"""Exporting the drafter to the formats serving engines load, and reading those exports back.
+
+Only a form-"eagle" drafter (`DrafterConfig(form="eagle")`, tlt_core.drafting.drafter) is exported: its
+math is EAGLE-1's exactly, as the engines run it. A form-"tlt" drafter reads the target's hidden
+state before the final norm and normalises before the LM head; no EAGLE-1 server does either,
+so it has no exact representation and export refuses it (as it refuses EAGLE-3 style fusion of
+several target layers, which the EAGLE-1 layouts cannot express).
+
+The math both layouts run (x_{t+1} the next token, f_t the target's hidden state after its
+final norm, i.e. what its LM head sees):
+
+    h0 = fc([embed(x_{t+1}); f_t])            embed and lm_head: the target's own
+    h  = h0 + attn(h0)                        no input norm (identity)
+    f' = h + mlp(post_attention_norm(h))      no final norm
+    logits = lm_head(f')
+
+Formats:
+- "eagle": the EAGLE-1 checkpoint layout SGLang serves as `LlamaForCausalLMEagle`
+  (python/sglang/srt/models/llama_eagle.py: layer 0's input_layernorm replaced by the identity,
+  `fc = nn.Linear(2H, H)` with a bias, output `hidden + residual` with no norm; its load_weights
+  prepends `model.`; embedding and head are replaced by the target's) and the original
+  SafeAILab/EAGLE cnets.py defines. config.json is a LlamaConfig with one hidden layer;
+  model.safetensors; provenance in tlt_provenance.json beside them.
+- "speculators": vLLM's speculators library (vllm-project/speculators:
+  src/speculators/models/eagle.py `EagleSpeculatorConfig` / `EagleSpeculator`,
+  src/speculators/config.py `SpeculatorsConfig` / `VerifierConfig`,
+  src/speculators/proposals/greedy.py, and the layout its convert/eagle/eagle_converter.py
+  writes): config.json with speculators_model_type "eagle", layernorms false (input_layernorm
+  is nn.Identity, no extra norms), fusion_bias false; model.safetensors. Provenance goes in
+  config.json under `tlt_provenance`: SpeculatorModelConfig is a pydantic model with
+  extra="allow", so the key loads and round-trips.
+
+Field mapping (the target's embedding, final norm and LM head are never written: every engine
+takes them from the target):
+
+    ours                                   eagle (SGLang)            speculators
+    fc.weight (H, 2H)                      fc.weight                 fusion_fc.weight
+    (no bias)                              fc.bias = zeros (H,)      (none: fusion_bias false)
+    layer.self_attn.{q,k,v,o}_proj.*       layers.0.self_attn.*      transformer.self_attn.*
+    layer.mlp.{gate,up,down}_proj.weight   layers.0.mlp.*            transformer.mlp.*
+    layer.post_attention_layernorm.weight  layers.0.post_attention_  transformer.post_attention_
+                                           layernorm.weight          layernorm.weight
+    layer.input_layernorm = Identity       (none: identity)          (none: layernorms false)
+    target config (H, heads, rope, eps, V) config.json fields        transformer_layer_config
+
+(and the attention projections' biases likewise, for attention_bias targets)
+
+SGLang's fc has a bias (nn.Linear's default), so the eagle layout writes zeros: leaving it out
+would leave SGLang's freshly initialised bias in place.
+
+Provenance (both layouts): target_sha256 (`target_sha256`: the target's state_dict tensors in
+name order), rl_step, acceptance_length, tlt_core_version, date (UTC), format, drafter_form,
+plus whatever else the caller adds.
+
+Shapes: H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from tlt_core._version import __version__
+from tlt_core.drafting.drafter import Drafter, DrafterConfig
+from tlt_core.model.transformer import ARCHITECTURES, Transformer
+
+EXPORT_FORMATS = ("eagle", "speculators")
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PROVENANCE_FILE = "tlt_provenance.json"  # the eagle layout's side file
+PROVENANCE_KEY = "tlt_provenance"  # the speculators layout's config.json key
+PROVENANCE_REQUIRED = ("rl_step", "acceptance_length")  # the caller's; None when unknown
+SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle"
+SPECULATORS_LAYER = "LlamaDecoderLayer"
+# speculators_version to write: the release whose schema this layout follows (the library
+# itself writes its installed version there; nothing reads it back as a constraint).
+SPECULATORS_VERSION = "0.1.0"
+# Prefixes of our state_dict names -> each layout's.
+_PREFIXES = {"eagle": {"fc.": "fc.", "layer.": "layers.0."},
+             "speculators": {"fc.": "fusion_fc.", "layer.": "transformer."}}
+# Tensors a checkpoint in either layout may carry that the engines replace by the target's.
+_SHARED_WITH_TARGET = ("embed_tokens.weight", "lm_head.weight")
+
+
+def target_sha256(model: nn.Module) -> str:
+    """sha256 over the model's state_dict in name order (name, dtype, shape and bytes of each
+    tensor): the identity of the weights as loaded, whatever files or shards they came from.
+    Casting the same checkpoint to another dtype gives another hash."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def exportable(drafter: Drafter) -> str | None:
+    """None when `drafter` has an exact representation in the EAGLE-1 layouts; otherwise why
+    not and what to do instead."""
+    config, reasons = drafter.config, []
+    if config.form != "eagle":
+        reasons.append(
+            f"it is form {config.form!r}, which reads the target's hidden state before the "
+            "final norm and normalises before the LM head, where EAGLE-1 servers feed the "
+            "normed hidden state and apply no norm")
+    if len(config.feature_layers) > 1:
+        reasons.append(f"it fuses {len(config.feature_layers)} target layers "
+                       f"{config.feature_layers} (EAGLE-3 style); EAGLE-1 reads the last only")
+    if reasons:
+        return ("drafter: no exact representation in the EAGLE-1 serving formats: "
+                + "; ".join(reasons) + ". Train it with DrafterConfig(form='eagle') "
+                "(feature_layers=(-1,)) and export that drafter")
+    attn = drafter.layer.self_attn
+    if attn.qk_norm:
+        return ("drafter: its layer has per-head q/k norms (a Qwen3 target); the Llama decoder "
+                "layer both formats use has none")
+    if (attn.q_proj.bias is None) != (attn.o_proj.bias is None):
+        return ("drafter: its layer has q/k/v biases without an o_proj bias (a Qwen2 target); "
+                "Llama's attention_bias gives all four or none")
+    return None
+
+
+def export_drafter(drafter: Drafter, out: str | Path, to: str, provenance: dict, *,
+                   speculative_tokens: int = 5) -> Path:
+    """Writes `drafter` (form "eagle") in layout `to` ("eagle" or "speculators") into folder
+    `out` (created if needed; our files in it are overwritten) and returns the folder.
+    provenance: at least rl_step and acceptance_length (None when unknown) and anything else
+    JSON-serialisable; target_sha256 is computed from the drafter's target unless given, and
+    tlt_core_version, date, format and drafter_form are added. speculative_tokens: the
+    speculators layout's greedy proposal length, which vLLM reads as num_speculative_tokens
+    (5 as in the speculators converter)."""
+    if to not in EXPORT_FORMATS:
+        raise ValueError(f"to: expected one of {EXPORT_FORMATS}, got {to!r}")
+    problem = exportable(drafter)
+    if problem is not None:
+        raise ValueError(problem)
+    if not isinstance(provenance, dict):
+        raise TypeError(f"provenance: expected a dict, got {type(provenance).__name__}")
+    missing = [key for key in PROVENANCE_REQUIRED if key not in provenance]
+    if missing:
+        raise ValueError(f"provenance: needs {missing} (None when unknown)")
+    if not isinstance(speculative_tokens, int) or speculative_tokens < 1:
+        raise ValueError(f"speculative_tokens: must be an int >= 1, got {speculative_tokens!r}")
+    record = {**provenance,
+              "target_sha256": provenance.get("target_sha256") or target_sha256(drafter.target),
+              "tlt_core_version": __version__,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "format": to, "drafter_form": drafter.config.form}
+    try:
+        json.dumps(record)
+    except TypeError as error:
+        raise ValueError(f"provenance: not JSON-serialisable ({error})") from None
+
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"out: {folder} exists and is not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = _export_tensors(drafter, to)
+    layer_config = _llama_layer_config(drafter.target, dtype=drafter.fc.weight.dtype)
+    if to == "eagle":
+        config = {"architectures": [SGLANG_ARCHITECTURE], **layer_config}
+        (folder / PROVENANCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    else:
+        config = _speculators_config(drafter.target, layer_config, speculative_tokens,
+                                     provenance.get("target_name_or_path"))
+        config[PROVENANCE_KEY] = record
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    return folder
+
+
+def load_export(folder: str | Path, target: Transformer) -> Drafter:
+    """A form-"eagle" Drafter attached to `target` from a folder in either layout (ours, or any
+    EAGLE-1 checkpoint with the same math: a zero or absent fc bias, no extra norms)."""
+    folder = Path(folder)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"folder: {folder} has no {name}; is it an export by "
+                                    "tlt_core.drafting.export?")
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    layout = _layout(config, folder)
+    layer_config = config["transformer_layer_config"] if layout == "speculators" else config
+    if layer_config.get("num_hidden_layers", 1) != 1:
+        raise ValueError(f"folder: {folder} has {layer_config['num_hidden_layers']} drafter "
+                         "layers; ours has one")
+    _check_matches_target(layer_config, target, folder)
+
+    prefixes = {theirs: ours for ours, theirs in _PREFIXES[layout].items()}
+    state, unexpected = {}, []
+    for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items():
+        if name in _SHARED_WITH_TARGET:
+            continue  # engines replace these by the target's tensors, and so do we
+        if layout == "eagle" and name == "fc.bias":
+            if bool(tensor.any()):
+                raise ValueError(f"folder: {folder}: fc.bias is not zero; our drafter's fc has "
+                                 "no bias, so this checkpoint cannot be represented exactly")
+            continue
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
+            unexpected.append(name)
+            continue
+        state[prefixes[prefix] + name[len(prefix):]] = tensor
+    drafter = Drafter(target, DrafterConfig(form="eagle"))
+    expected = set(drafter.state_dict())
+    unexpected += [_export_name(name, layout) for name in state if name not in expected]
+    missing = sorted(_export_name(name, layout) for name in expected - set(state))
+    if unexpected or missing:
+        raise ValueError(f"folder: {folder}: tensors the drafter has no place for: "
+                         f"{sorted(unexpected)}; tensors missing: {missing}")
+    drafter.load_state_dict(state, strict=True)
+    return drafter.eval()
+
+
+def read_provenance(folder: str | Path) -> dict:
+    """The provenance record export_drafter wrote into `folder` (either layout)."""
+    folder = Path(folder)
+    if (folder / PROVENANCE_FILE).is_file():
+        return json.loads((folder / PROVENANCE_FILE).read_text())
+    config_path = folder / CONFIG_FILE
+    if config_path.is_file():
+        config = json.loads(config_path.read_text())
+        if PROVENANCE_KEY in config:
+            return config[PROVENANCE_KEY]
+    raise FileNotFoundError(f"folder: {folder} has no {PROVENANCE_FILE} and no "
+                            f"{PROVENANCE_KEY!r} in its {CONFIG_FILE}")
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+def _export_name(name: str, layout: str) -> str:
+    for ours, theirs in _PREFIXES[layout].items():
+        if name.startswith(ours):
+            return theirs + name[len(ours):]
+    raise AssertionError(f"no {layout} name for drafter tensor {name}")
+
+
+def _export_tensors(drafter: Drafter, layout: str) -> dict[str, torch.Tensor]:
+    tensors = {_export_name(name, layout): tensor.detach().to("cpu").contiguous()
+               for name, tensor in drafter.state_dict().items()}
+    if layout == "eagle":  # SGLang's fc has a bias; ours is zero
+        tensors["fc.bias"] = torch.zeros(drafter.fc.out_features, dtype=drafter.fc.weight.dtype)
+    return tensors
+
+
+def _llama_layer_config(target: Transformer, dtype: torch.dtype) -> dict:
+    """The LlamaConfig dict of the drafter's one layer: the target's shapes, RoPE and eps (the
+    servers build the layer's rotary embedding from these), one hidden layer, untied (the
+    servers swap in the target's embedding and head, which SGLang cannot do to a tied pair)."""
+    c = target.config
+    return {"model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": c.rope_theta,
+            "rope_scaling": None if c.rope_scaling is None else dict(c.rope_scaling),
+            "max_position_embeddings": c.max_position_embeddings,
+            "attention_bias": c.attention_bias, "mlp_bias": False, "tie_word_embeddings": False,
+            "torch_dtype": str(dtype).removeprefix("torch.")}
+
+
+def _speculators_config(target: Transformer, layer_config: dict, speculative_tokens: int,
+                        target_name_or_path: str | None) -> dict:
+    """EagleSpeculatorConfig as its save_pretrained writes it (architectures gain the layer
+    class, check_add_architectures)."""
+    verifier_architecture = next(name for name, family in ARCHITECTURES.items()
+                                 if family == target.config.family)
+    return {
+        "speculators_model_type": "eagle",
+        "architectures": ["EagleSpeculator", SPECULATORS_LAYER],
+        "transformer_layer_architecture": SPECULATORS_LAYER,
+        "transformer_layer_config": layer_config,
+        "layernorms": False,
+        "fusion_bias": False,
+        "speculators_config": {
+            "algorithm": "eagle",
+            "proposal_methods": [{"proposal_type": "greedy",
+                                  "speculative_tokens": speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": target_name_or_path,
+                         "architectures": [verifier_architecture]},
+        },
+        "speculators_version": SPECULATORS_VERSION,
+        "torch_dtype": layer_config["torch_dtype"],
+    }
+
+
+def _layout(config: dict, folder: Path) -> str:
+    if "speculators_model_type" in config:
+        wanted = {"speculators_model_type": "eagle", "layernorms": False, "fusion_bias": False,
+                  "transformer_layer_architecture": SPECULATORS_LAYER}
+        for key, value in wanted.items():
+            if config.get(key, value) != value:
+                raise ValueError(f"folder: {folder}: {key} is {config.get(key)!r}; only "
+                                 f"{value!r} has our drafter's math")
+        if not isinstance(config.get("transformer_layer_config"), dict):
+            raise ValueError(f"folder: {folder}: config.json has no transformer_layer_config")
+        return "speculators"
+    if SGLANG_ARCHITECTURE in config.get("architectures", []):
+        return "eagle"
+    raise ValueError(f"folder: {folder}: config.json is neither a speculators config "
+                     f"(speculators_model_type) nor an EAGLE-1 one (architectures "
+                     f"[{SGLANG_ARCHITECTURE!r}])")
+
+
+def _check_matches_target(layer_config: dict, target: Transformer, folder: Path) -> None:
+    """The export's shapes, RoPE and eps must be the target's: the drafter runs on the target's
+    embedding, head and rotary embedding, as the servers do."""
+    mine = _llama_layer_config(target, target.lm_head.weight.dtype)
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "rms_norm_eps", "rope_theta", "rope_scaling",
+                "attention_bias"):
+        theirs = layer_config.get(key, mine[key] if key in ("rope_scaling", "attention_bias")
+                                  else None)
+        if theirs != mine[key]:
+            raise ValueError(f"target: the export in {folder} has {key} = {theirs!r}, the "
+                             f"target has {mine[key]!r}")
+    head_dim = layer_config.get("head_dim", layer_config["hidden_size"]
+                                // layer_config["num_attention_heads"])
+    if head_dim != mine["head_dim"]:
+        raise ValueError(f"target: the export in {folder} has head_dim = {head_dim}, the target "
+                         f"has {mine['head_dim']}")

@@ -1,0 +1,74 @@
+"""A draft plan: how one speculative step proposes the tokens the target then verifies.
+
+A plan is anything with the `DraftPlan` protocol: a stable `key` (its identity for the bandit,
+the cost model's tables, checkpoints and metrics: equal keys mean the same plan), the tree
+nodes it asks the target to verify (`num_verify_tokens`, root included), the most draft tokens
+a row can accept in one step (`depth`: the tree's depth), the drafter-cache
+slots it writes past the committed prefix (`fed_nodes`), whether it needs the learned drafter
+(`uses_drafter`), whether its trees are chains (`is_chain`: node i's parent is i - 1, so the
+target verifies them with a causal mask and no tree mask), and `draft(context)`, which returns
+the `tlt_core.ops.DraftTree` of every running row.
+
+Two plans ship: `tlt_core.drafting.tree.Strategy` (the learned drafter's EAGLE-2 tree) and
+`tlt_core.drafting.suffix_match.SuffixMatch` (tokens copied from related responses). Whatever a
+plan proposes, verification keeps the target's distribution exactly: a plan decides speed,
+never outputs.
+
+Shapes: B running rows, H hidden size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+import tlt_core.ops as ops
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.suffix_index import SuffixIndex
+from tlt_core.model.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a plan may draft from, for the running rows [0, B) of one step."""
+
+    roots: torch.Tensor  # (B,) int64: each row's last committed token, the tree's root
+    sequence_keys: Sequence[object]  # (B,) each row's handle in suffix_index
+    suffix_index: SuffixIndex
+    # The learned drafter, its cache over the B rows (every committed pair up to the root),
+    # and its output at each row's last pair, (B, H): None when the step has no drafter.
+    drafter: Drafter | None = None
+    drafter_cache: KVCache | None = None
+    root_hidden: torch.Tensor | None = None
+
+
+@runtime_checkable
+class DraftPlan(Protocol):
+    @property
+    def key(self) -> str:
+        """Stable identity: equal keys, the same plan."""
+
+    @property
+    def num_verify_tokens(self) -> int:
+        """N: tree nodes the target verifies per row, the root included."""
+
+    @property
+    def depth(self) -> int:
+        """D: the most draft tokens one row can accept in a step (its tree's depth)."""
+
+    @property
+    def fed_nodes(self) -> int:
+        """Drafter-cache slots a draft writes past the committed prefix (0 without a drafter)."""
+
+    @property
+    def uses_drafter(self) -> bool:
+        """Whether draft() reads the learned drafter (its cache must hold every committed pair)."""
+
+    @property
+    def is_chain(self) -> bool:
+        """Whether every row's tree is a chain (node i's parent is i - 1)."""
+
+    def draft(self, context: DraftContext) -> ops.DraftTree:
+        """The (B, N) tree of every running row; node 0 is the row's root."""

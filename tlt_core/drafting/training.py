@@ -1,0 +1,132 @@
+"""Training the drafter: the data record, the EAGLE loss, one train step, the optimizer.
+
+A `DraftRecord` is one sequence as the target saw it: its token ids and, at every position t,
+the target's outputs at the drafter's feature layers plus its last layer. Records come from a
+target pass the rollout already made (the harvest, tlt_core.workers.harvest) or, offline, from
+one pass over the target's own responses (`collect_records`). Pairing is by position, never by
+guesswork: the drafter's input at t is (f_t, x_{t+1}); its output f'_{t+1} is trained
+- to regress onto the target's last-layer hidden state at t + 1 (smooth L1; after the final
+  norm for a form-"eagle" drafter, `Drafter.feature_target`), and
+- to give, through the drafter's logits (the target's frozen head), the target's own
+  distribution of x_{t+2} (cross-entropy against the soft target distribution),
+weighted 1.0 and 0.1 as in EAGLE. Only the drafter's own tensors are optimised; the target's
+embedding and head are used detached (tlt_core.drafting.drafter).
+
+Shapes: B records in a batch, T positions, F feature layers, H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.model.transformer import Transformer
+
+REGRESSION_WEIGHT, TOKEN_WEIGHT = 1.0, 0.1  # EAGLE's weights for the two loss terms
+
+
+@dataclass(frozen=True)
+class DraftRecord:
+    """One sequence for drafter training, exactly as the target computed it."""
+
+    tokens: torch.Tensor  # (T,) int64: x_0 .. x_{T-1}
+    features: torch.Tensor  # (T, F, H): target outputs at the drafter's feature layers
+    last_hidden: torch.Tensor  # (T, H): target's last-layer output (pre-norm) at each t
+
+    def __post_init__(self):
+        T = self.tokens.shape[0]
+        if self.tokens.dim() != 1 or T < 2:
+            raise ValueError(f"tokens: need a (T,) sequence with T >= 2, got {tuple(self.tokens.shape)}")
+        if self.features.dim() != 3 or self.features.shape[0] != T:
+            raise ValueError(f"features: expected ({T}, F, H), got {tuple(self.features.shape)}")
+        if self.last_hidden.shape != (T, self.features.shape[2]):
+            raise ValueError(f"last_hidden: expected ({T}, {self.features.shape[2]}), got "
+                             f"{tuple(self.last_hidden.shape)}")
+
+
+@torch.no_grad()
+def collect_records(target: Transformer, sequences: Sequence[Sequence[int]],
+                    feature_layers: Sequence[int]) -> list[DraftRecord]:
+    """Records for full token sequences (prompt + response), from one target pass each."""
+    layers = list(feature_layers) + [-1]
+    device = target.lm_head.weight.device
+    records = []
+    for sequence in sequences:
+        ids = torch.tensor([list(sequence)], dtype=torch.int64, device=device)
+        out = target(ids, torch.arange(ids.shape[1], device=device)[None], hidden_layers=layers)
+        hidden = out.hidden_states
+        records.append(DraftRecord(ids[0].cpu(), torch.stack(hidden[:-1], dim=2)[0].cpu(),
+                                   hidden[-1][0].cpu()))
+    return records
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    tokens: torch.Tensor  # (B, T) int64, right-padded
+    features: torch.Tensor  # (B, T, F, H)
+    last_hidden: torch.Tensor  # (B, T, H)
+    mask: torch.Tensor  # (B, T - 1) bool: position t is a real training pair (t + 1 < length)
+
+    def to(self, device: torch.device) -> DraftBatch:
+        """Records live on the CPU; a batch moves to the drafter's device to train."""
+        if self.tokens.device == device:
+            return self
+        return DraftBatch(*(t.to(device, non_blocking=True) for t in
+                            (self.tokens, self.features, self.last_hidden, self.mask)))
+
+
+def make_batch(records: Sequence[DraftRecord]) -> DraftBatch:
+    width = max(r.tokens.shape[0] for r in records)
+    B, (_, nf, H) = len(records), records[0].features.shape
+    tokens = torch.zeros(B, width, dtype=torch.int64)
+    features = torch.zeros(B, width, nf, H, dtype=records[0].features.dtype)
+    last = torch.zeros(B, width, H, dtype=records[0].last_hidden.dtype)
+    mask = torch.zeros(B, width - 1, dtype=torch.bool)
+    for b, r in enumerate(records):
+        n = r.tokens.shape[0]
+        tokens[b, :n], features[b, :n], last[b, :n] = r.tokens, r.features, r.last_hidden
+        mask[b, :n - 1] = True
+    return DraftBatch(tokens, features, last, mask)
+
+
+def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_WEIGHT
+               ) -> tuple[torch.Tensor, dict]:
+    """EAGLE loss over every real pair of the batch, teacher-forced with the target's features.
+    Returns (loss, {"regression", "token", "top1"}) — top1 is the share of pairs where the
+    drafter's argmax equals the target's, a cheap acceptance proxy."""
+    tokens, mask = batch.tokens, batch.mask
+    B, T = tokens.shape
+    features = drafter.features(batch.features[:, :-1].unbind(dim=2))  # (B, T-1, H): f_t
+    positions = torch.arange(T - 1, device=tokens.device)[None].expand(B, T - 1)
+    predicted = drafter(tokens[:, 1:], features, positions)  # (B, T-1, H): f'_{t+1}
+    truth = drafter.feature_target(batch.last_hidden[:, 1:])  # (B, T-1, H): target's at t + 1
+    regression = F.smooth_l1_loss(predicted[mask], truth[mask])
+    logits = drafter.logits(predicted[mask])  # (P, V)
+    with torch.no_grad():
+        target_probs = torch.softmax(drafter.logits(truth[mask]), -1)  # (P, V)
+    token = -(target_probs * torch.log_softmax(logits, -1)).sum(-1).mean()
+    top1 = (logits.argmax(-1) == target_probs.argmax(-1)).float().mean()
+    loss = REGRESSION_WEIGHT * regression + token_weight * token
+    return loss, {"regression": regression.item(), "token": token.item(), "top1": top1.item()}
+
+
+def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftBatch,
+               grad_clip: float = 1.0, token_weight: float = TOKEN_WEIGHT) -> dict:
+    """One optimizer step on the EAGLE loss; the metrics of eagle_loss plus "loss"."""
+    drafter.train()
+    loss, metrics = eagle_loss(drafter, batch.to(drafter.fc.weight.device), token_weight)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(drafter.parameters(), grad_clip)
+    optimizer.step()
+    drafter.eval()
+    return {"loss": loss.item(), **metrics}
+
+
+def make_optimizer(drafter: Drafter, lr: float) -> torch.optim.Optimizer:
+    """AdamW over the drafter's own tensors (the target's are not among its parameters)."""
+    return torch.optim.AdamW(drafter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)

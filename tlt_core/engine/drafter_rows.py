@@ -1,0 +1,139 @@
+"""The drafter's per-row state over the engine's cache rows: its KV cache, the backlog of pairs
+committed without it, and each row's last output.
+
+The contract (tlt_core.drafting.drafter, "position bookkeeping"): after `flush`, the drafter's
+cache holds, for every running row, the pairs (f_t, x_{t+1}) of exactly the positions the
+target's cache holds, and `last_hidden[row]` is the drafter's output at the last of them (its
+guess of the root's feature, which seeds the next tree). The operations:
+
+- `extend(first_row, ...)`: run the drafter over pairs the target just committed, now (after a
+  prefill, and after a speculative step whose plan drafts with it again next);
+- `follow(...)`: pairs committed without the drafter (plain and suffix-match steps): extended
+  now (`sync="eager"`) or queued in the backlog (`sync="lazy"`), which keeps the target's
+  features of those positions and runs the drafter over them in one batched pass at the next
+  `flush`, or when `backlog_capacity` positions are queued. The drafts are the same either way;
+- `flush(batch)`: catch up on the backlog of rows [0, batch): call before drafting;
+- `move_row(source, target)` / `free_row(row)`: follow the engine's row moves (a finished
+  row's slot takes the last running row) and free a row.
+
+`extend` writes every pair of its (B, T) input to the cache and commits counts[b] of them per
+row: padding after a row's valid pairs lands in uncommitted slots that no valid pair sees.
+
+Shapes: R cache rows, B rows of a step, T pairs per row, F feature layers, H hidden size.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.model.kv_cache import KVCache
+
+SYNCS = ("lazy", "eager")
+
+
+class DrafterRows:
+    def __init__(self, drafter: Drafter, rows: int, max_len: int, *, sync: str = "lazy",
+                 backlog_capacity: int = 128):
+        if sync not in SYNCS:
+            raise ValueError(f"sync: must be one of {SYNCS}, got {sync!r}")
+        self.drafter = drafter
+        self.cache = drafter.new_cache(rows, max_len)
+        self.sync, self.backlog_capacity = sync, backlog_capacity
+        device, dtype = self.cache.device, self.cache.data.dtype
+        hidden = drafter.target.config.hidden_size
+        self.last_hidden = torch.zeros(rows, hidden, dtype=dtype, device=device)  # (R, H)
+        self._num_features = len(drafter.config.feature_layers)
+        # The backlog: per row, committed pairs (x_{t+1}, the target's features at t) that the
+        # drafter has not run over, _backlog_len of them; allocated on first use.
+        self._backlog_tokens: torch.Tensor | None = None  # (R, capacity) int64
+        self._backlog_features: torch.Tensor | None = None  # (R, capacity, F, H)
+        self._backlog_len = torch.zeros(rows, dtype=torch.int64, device=device)  # (R,)
+        self._backlog_width = 0  # bound on max(_backlog_len) over the running rows
+
+    def reset(self) -> None:
+        """Every row empty: a new generate call."""
+        self.cache.lengths.zero_()
+        self._backlog_len.zero_()
+        self._backlog_width = 0
+
+    def rows(self, batch: int) -> KVCache:
+        """The drafter's cache over rows [0, batch)."""
+        return self.cache.rows(0, batch)
+
+    def extend(self, first_row: int, following: torch.Tensor,
+               target_hidden: Sequence[torch.Tensor], counts: torch.Tensor) -> None:
+        """Commits the pairs (f_t, x_{t+1}) of positions the target just committed, for rows
+        [first_row, first_row + B): following (B, T) the tokens x_{t+1}, target_hidden the
+        target's outputs at its feature layers (each (B, T, H); further layers are ignored),
+        counts (B,) valid pairs per row. Keeps each row's last output."""
+        batch, width = following.shape
+        view = self.cache.rows(first_row, batch)
+        positions = view.lengths[:, None] + torch.arange(width, device=following.device)  # (B, T)
+        features = self.drafter.features(target_hidden[:self._num_features])  # (B, T, H)
+        hidden = self.drafter(following, features, positions, view)  # (B, T, H)
+        view.commit(counts)
+        last = torch.arange(batch, device=following.device), (counts - 1).clamp(min=0)
+        rows = slice(first_row, first_row + batch)
+        self.last_hidden[rows] = torch.where((counts > 0)[:, None], hidden[last],
+                                             self.last_hidden[rows])
+
+    def follow(self, following: torch.Tensor, target_hidden: Sequence[torch.Tensor],
+               counts: torch.Tensor) -> None:
+        """Pairs committed without the drafter, for rows [0, B) (arguments as in extend):
+        extended now or queued, by `sync`."""
+        batch, width = following.shape
+        if self.sync == "eager":
+            self.extend(0, following, target_hidden, counts)
+            return
+        if self._backlog_width + width > self.backlog_capacity:
+            # the bound also counts rows that have since finished: tighten it (a host sync,
+            # once per backlog_capacity positions at most), and flush only if really full
+            self._backlog_width = int(self._backlog_len[:batch].max())
+            if self._backlog_width + width > self.backlog_capacity:
+                self.flush(batch)
+        features = torch.stack(tuple(target_hidden[:self._num_features]), dim=2)  # (B, T, F, H)
+        if self._backlog_tokens is None:
+            rows, capacity = self.cache.shape.batch, self.backlog_capacity
+            self._backlog_tokens = torch.zeros(rows, capacity, dtype=torch.int64,
+                                               device=following.device)
+            self._backlog_features = features.new_zeros((rows, capacity) + features.shape[2:])
+        # row b's T columns go after its backlog; columns past counts[b] are padding that the
+        # row's next pairs overwrite, and _backlog_len never counts
+        columns = (self._backlog_len[:batch, None]
+                   + torch.arange(width, device=following.device)
+                   ).clamp(max=self.backlog_capacity - 1)  # (B, T)
+        rows = torch.arange(batch, device=following.device)[:, None].expand(batch, width)
+        self._backlog_tokens[rows, columns] = following
+        self._backlog_features[rows, columns] = features
+        self._backlog_len[:batch] += counts
+        self._backlog_width += width
+
+    def flush(self, batch: int) -> None:
+        """The drafter catches up on the backlog of rows [0, batch) in one pass."""
+        if self._backlog_width == 0:
+            return
+        width = int(self._backlog_len[:batch].max())  # the bound may count finished rows
+        if width == 0:
+            self._backlog_width = 0
+            return
+        features = self._backlog_features[:batch, :width]  # (B, T, F, H)
+        self.extend(0, self._backlog_tokens[:batch, :width], features.unbind(dim=2),
+                    self._backlog_len[:batch])
+        self._backlog_len.zero_()
+        self._backlog_width = 0
+
+    def move_row(self, source: int, target: int) -> None:
+        """Row `source`'s state over row `target` (the engine moved its sample there)."""
+        self.cache.move_row(source, target)
+        if self._backlog_tokens is not None:
+            self._backlog_tokens[target] = self._backlog_tokens[source]
+            self._backlog_features[target] = self._backlog_features[source]
+        self._backlog_len[target] = self._backlog_len[source]
+        self.last_hidden[target] = self.last_hidden[source]
+
+    def free_row(self, row: int) -> None:
+        self.cache.lengths[row] = 0
+        self._backlog_len[row] = 0

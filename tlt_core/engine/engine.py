@@ -1,0 +1,543 @@
+"""The rollout engine: continuous batching over generation requests, speculative at the steps a
+policy chooses, with the target's distribution either way.
+
+The engine maps token ids to token ids and log-probabilities; it knows nothing about tokenizers
+or tasks. `generate` runs one call's requests to completion as a loop of three named parts:
+
+- admit: waiting samples take the free cache rows after the running block; their prompts are
+  prefilled in one batched pass and their first tokens sampled;
+- step: one decode step over every running row, plain (forward, sample, commit) or speculative
+  (draft, verify, accept, commit), as the policy chose for this running batch size;
+- retire: finished samples leave, and the last running row moves into each freed row.
+
+Running rows always occupy cache rows [0, running), so a decode step is one forward over a
+contiguous block and costs what the running batch costs, not what the cache was sized for. The
+running batch size of every step is recorded: it is what makes the long tail visible.
+
+A speculative step verifies each row's draft tree (tlt_core.drafting) in one target pass with
+`ops.verify_tree_sampling`, the kernel plain sampling also uses (tlt_core.engine.sampling), so
+greedy rows emit exactly the plain tokens (in float32) and sampled rows follow the target's
+distribution exactly; the emitted log-probs are the target's.
+
+State: what one call needs (its queue, running samples, trace, timings) is a `_Run` local to
+that call. The engine owns what every call reuses: the target's KV cache, the per-row tensors,
+the drafter's per-row state (`DrafterRows`) and the suffix index whose history carries
+responses from one call to the next. A call holds those buffers until it returns, so an engine
+runs one call at a time; a second concurrent call is refused.
+
+Notation: B running rows, N tree nodes, W tokens a step commits per row (at most N), T tokens,
+V vocabulary, H hidden size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+import tlt_core.ops as ops
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.plan import DraftContext, DraftPlan
+from tlt_core.drafting.suffix_index import SuffixIndex
+from tlt_core.engine.drafter_rows import SYNCS, DrafterRows
+from tlt_core.engine.hooks import HarvestSink, PlanPolicy, Speculation, StepObserver, StepOutcome
+from tlt_core.engine.records import (Request, RequestTiming, Rollout, RolloutResult,
+                                     SamplingParams, SpecStepStats)
+from tlt_core.engine.rows import RowState
+from tlt_core.engine.sampling import check_emitted, sample_roots, sample_seed
+from tlt_core.model.kv_cache import CacheBudgetError, CacheShape, KVCache
+from tlt_core.model.transformer import ModelOutput
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch: int = 32  # cache rows: the most samples decoding at once
+    max_len: int = 1024  # token slots per row: prompt + response must fit
+    cache_budget_bytes: int | None = None  # None: no limit beyond the machine's memory
+    seed: int = 0  # base of the per-sample seeds that requests do not set
+    # Cache slots past max_len that a speculative step may write (its tree's nodes, in the
+    # target's and the drafter's caches); bounds num_verify_tokens and (depth - 1) * topk.
+    spec_reserve: int = 64
+    # How the drafter's cache follows positions committed without it (plain and suffix-match
+    # steps): "lazy" keeps their target features in a backlog and runs the drafter over it in
+    # one batched pass when it drafts next (or the backlog holds draft_backlog positions);
+    # "eager" runs the drafter after every such step. Same drafts either way (DrafterRows).
+    drafter_sync: str = "lazy"
+    draft_backlog: int = 128
+
+    def __post_init__(self):
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch: must be >= 1, got {self.max_batch}")
+        if self.max_len < 2:
+            raise ValueError(f"max_len: must be >= 2, got {self.max_len}")
+        if self.spec_reserve < 2:
+            raise ValueError(f"spec_reserve: must be >= 2, got {self.spec_reserve}")
+        if self.drafter_sync not in SYNCS:
+            raise ValueError(f"drafter_sync: must be 'lazy' or 'eager', got {self.drafter_sync!r}")
+        if self.draft_backlog < self.spec_reserve:
+            raise ValueError(f"draft_backlog: must be >= spec_reserve ({self.spec_reserve}), "
+                             f"got {self.draft_backlog}")
+
+
+@dataclass
+class _Sample:
+    """One sample while it waits or runs (its row's tensors live in RowState / DrafterRows)."""
+
+    request_index: int
+    sample_index: int
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    seed: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    admitted_s: float = 0.0
+    first_token_s: float = 0.0
+    done: str | None = None  # finish reason, once finished
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Unique within a call: the sample's handle in the suffix index and the harvest."""
+        return self.request_index, self.sample_index
+
+
+@dataclass
+class _Run:
+    """One generate call's state."""
+
+    waiting: deque[_Sample]
+    choose: Callable[[int], DraftPlan | None] | None  # None: every step plain
+    observers: tuple[StepObserver, ...]
+    suffix_index: SuffixIndex
+    drafting: bool  # the drafter follows every committed position (a plan may use it)
+    hidden_layers: tuple[int, ...]  # target layers every pass returns (drafter, harvest)
+    start: float  # time.perf_counter() when the call began
+    running: list[_Sample] = field(default_factory=list)  # row i runs running[i]
+    finished: list[Rollout] = field(default_factory=list)
+    steps: int = 0
+    spec_steps: list[SpecStepStats] = field(default_factory=list)
+    trace_time: list[float] = field(default_factory=list)
+    trace_running: list[int] = field(default_factory=list)
+    harvest_s: float = 0.0
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.start
+
+
+@dataclass(frozen=True)
+class _Committed:
+    """What a step commits for the running rows [0, B)."""
+
+    counts: torch.Tensor  # (B,) int64: tokens each row commits
+    count_list: list[int]  # the same, on the host
+    emitted: torch.Tensor  # (B, W) int64: the tokens, -1 past a row's count
+    emitted_rows: list[list[int]]  # the same on the host, a list per row
+    logprob_rows: list[list[float]]  # (B, W) their target log-probs, a list per row
+    last: torch.Tensor  # (B,) int64: each row's last committed token, its next root
+    fed_tokens: torch.Tensor  # (B, W) int64: the token at each position just committed
+    hidden: tuple[torch.Tensor, ...]  # (B, W, H) per returned target layer, at those positions
+
+
+class RolloutEngine:
+    """Generates samples for requests with a target model and a preallocated KV cache; with a
+    drafter, speculatively (lossless) at the steps a policy chooses."""
+
+    def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig(),
+                 drafter: Drafter | None = None, harvest: HarvestSink | None = None):
+        if harvest is not None and drafter is None:
+            raise ValueError("harvest: needs the drafter whose feature layers it keeps")
+        if drafter is not None and drafter.target is not model:
+            raise ValueError("drafter: was built for another target model; attach it to this one")
+        self.model, self.config, self.drafter, self.harvest = model, config, drafter, harvest
+        model_config = model.config
+        self.vocab_size = model_config.vocab_size
+        weight = next(model.parameters())
+        self.device = weight.device
+        slots = config.max_len + config.spec_reserve
+        shape = CacheShape(model_config.num_layers, config.max_batch, model_config.num_kv_heads,
+                           slots, model_config.head_dim)
+        budget = config.cache_budget_bytes
+        if drafter is not None and budget is not None:
+            # the drafter's cache: one layer of the target's shape
+            budget -= shape.bytes(weight.dtype) // model_config.num_layers
+            if budget < 0:
+                raise CacheBudgetError(f"budget_bytes: {config.cache_budget_bytes:,} bytes do "
+                                       "not hold the drafter's cache; raise the budget")
+        self.cache = KVCache(shape, dtype=weight.dtype, device=weight.device, budget_bytes=budget)
+        self.rows = RowState(config.max_batch, weight.device)
+        self.drafter_rows = (None if drafter is None else DrafterRows(
+            drafter, config.max_batch, slots, sync=config.drafter_sync,
+            backlog_capacity=config.draft_backlog))
+        # Sibling and previous-call responses for suffix-match drafts: each generate call turns
+        # the previous call's responses into history (add_history adds a caller's own).
+        self.suffix_index = SuffixIndex()
+        self._in_call = False
+
+    # ---- public ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, requests: Sequence[Request], strategy: Speculation = None, *,
+                 request_ids: Sequence[int] | None = None, observe: StepObserver | None = None,
+                 suffix_index: SuffixIndex | None = None) -> RolloutResult:
+        """Runs every request to completion.
+
+        strategy: None (plain decoding), a DraftPlan (every step speculative), a PlanPolicy
+        (asked before every step with the running batch size, told every outcome), or a function
+        of the running batch size returning a DraftPlan or None. Speculation never changes what
+        is sampled: outputs follow the target's distribution exactly, greedy rows token for
+        token. request_ids: each request's index in a larger set (a worker's shard), used in
+        records and seeds so a sample does not depend on how requests were split among workers.
+        observe: told every step's StepOutcome, plain steps included. suffix_index: where
+        suffix-match drafts come from and this call's responses go (default: the engine's own,
+        which remembers earlier calls)."""
+        if self._in_call:
+            raise RuntimeError("generate: this engine is already running a call (from another "
+                               "thread, or from a policy or observer); an engine runs one call "
+                               "at a time: build another engine for concurrent calls")
+        self._in_call = True
+        try:
+            run = self._start(requests, strategy, request_ids, observe, suffix_index)
+            while run.waiting or run.running:
+                self._admit(run)
+                if run.running:
+                    self._step(run)
+        finally:
+            self._in_call = False
+        run.finished.sort(key=lambda r: (r.request_index, r.sample_index))
+        return RolloutResult(run.finished, torch.tensor(run.trace_time, dtype=torch.float64),
+                             torch.tensor(run.trace_running, dtype=torch.int64), run.clock(),
+                             run.steps, tuple(run.spec_steps), run.harvest_s)
+
+    # ---- the call ----------------------------------------------------------------------------
+
+    def _start(self, requests: Sequence[Request], strategy: Speculation,
+               request_ids: Sequence[int] | None, observe: StepObserver | None,
+               suffix_index: SuffixIndex | None) -> _Run:
+        choose = self._plan_chooser(strategy)
+        told = strategy.observe if isinstance(strategy, PlanPolicy) else None
+        index = self.suffix_index if suffix_index is None else suffix_index
+        index.new_round()
+        drafting = choose is not None and self.drafter is not None
+        hidden_layers = ()
+        if drafting or self.harvest is not None:  # features for the drafter, and its target
+            hidden_layers = self.drafter.config.feature_layers + (
+                (-1,) if self.harvest is not None else ())
+        waiting = deque(self._expand(requests, request_ids, index))
+        self.cache.lengths.zero_()
+        if self.drafter_rows is not None:
+            self.drafter_rows.reset()
+        return _Run(waiting, choose, tuple(o for o in (told, observe) if o is not None), index,
+                    drafting, hidden_layers, time.perf_counter())
+
+    def _admit(self, run: _Run) -> None:
+        """Admit waiting samples into the free rows after the running block: prefill their
+        prompts in one batched pass (right-padded; padding sits after each prompt, so causal
+        attention never lets a prompt token see it) and sample their first tokens."""
+        admitted: list[_Sample] = []
+        while run.waiting and len(run.running) + len(admitted) < self.config.max_batch:
+            admitted.append(run.waiting.popleft())
+        if not admitted:
+            return
+        first_row, count, now = len(run.running), len(admitted), run.clock()
+        view = self.cache.rows(first_row, count)
+        view.lengths.zero_()
+        device = self.device
+        lengths = [len(s.prompt_ids) for s in admitted]
+        prompts = torch.zeros(count, max(lengths), dtype=torch.int64)  # (B_new, T)
+        for row, sample in enumerate(admitted):
+            prompts[row, :len(sample.prompt_ids)] = torch.tensor(sample.prompt_ids)
+            sample.admitted_s = now
+            self.rows.admit(first_row + row, sample.seed, sample.params)
+        prompts = prompts.to(device)
+        prompt_lens = torch.tensor(lengths, device=device)  # (B_new,)
+        positions = torch.arange(prompts.shape[1], device=device).expand_as(prompts)  # (B_new, T)
+        out = self.model.step(prompts, positions, view, hidden_layers=run.hidden_layers)
+        self._harvest(run, admitted, prompts, out.hidden_states, lengths)
+        view.commit(prompt_lens)
+        rows = slice(first_row, first_row + count)
+        last_index = torch.arange(count, device=device), prompt_lens - 1
+        tokens, logprobs = sample_roots(out.logits[last_index], prompts[last_index],
+                                        **self.rows.sampling(rows))
+        if run.drafting:  # pairs (f_t, x_{t+1}): the prompt shifted by one, then the new token
+            # (prompts go to the drafter at once: one batched pass, not worth a backlog)
+            following = torch.cat((prompts[:, 1:], prompts[:, :1]), dim=1)  # (B_new, T)
+            following[last_index] = tokens
+            self.drafter_rows.extend(first_row, following, out.hidden_states, prompt_lens)
+        self.rows.advance(rows, tokens, 1)
+        now = run.clock()
+        for sample, token, logprob in zip(admitted, tokens.tolist(), logprobs.tolist()):
+            sample.first_token_s = now
+            self._append(sample, [token], [logprob], 1)
+        run.running.extend(admitted)
+        self._retire(run)  # a stop id or max_tokens = 1
+
+    def _step(self, run: _Run) -> None:
+        """One decode step over the running rows, with the plan the policy chose for their
+        number; then the finished rows retire."""
+        batch = len(run.running)
+        started = time.perf_counter()
+        plan = None if run.choose is None else run.choose(batch)
+        if plan is None:
+            self._plain_step(run)
+            emitted = batch
+        else:
+            run.spec_steps.append(self._speculative_step(run, plan))
+            emitted = run.spec_steps[-1].emitted
+        outcome = StepOutcome(batch, plan, emitted, time.perf_counter() - started)
+        for observer in run.observers:
+            observer(outcome)
+        self._retire(run)
+        run.steps += 1
+        run.trace_time.append(run.clock())
+        run.trace_running.append(batch)
+
+    def _retire(self, run: _Run) -> None:
+        # Back to front, so moving the last running row into a freed one never skips a row.
+        for row in range(len(run.running) - 1, -1, -1):
+            if run.running[row].done is not None:
+                self._finish(run, row)
+
+    # ---- the plain step ----------------------------------------------------------------------
+
+    def _plain_step(self, run: _Run) -> None:
+        """One token per row: forward each row's root, sample the next token, commit."""
+        batch = len(run.running)
+        view = self.cache.rows(0, batch)
+        roots = self.rows.last[:batch]  # (B,)
+        if run.hidden_layers:  # the features too, for the drafter or the harvest
+            out = self.model.step(roots[:, None], view.lengths[:, None], view,
+                                  hidden_layers=run.hidden_layers)
+            logits, hidden = out.logits[:, 0], out.hidden_states  # (B, V), (B, 1, H) each
+        else:
+            logits, hidden = self.model.next_token_logits(roots, view), ()  # (B, V)
+        ones = torch.ones(batch, dtype=torch.int64, device=self.device)
+        view.commit(ones)
+        tokens, logprobs = sample_roots(logits, roots, **self.rows.sampling(slice(0, batch)))
+        self._commit(run, _Committed(ones, [1] * batch, tokens[:, None],
+                                     [[token] for token in tokens.tolist()],
+                                     [[logprob] for logprob in logprobs.tolist()], tokens,
+                                     roots[:, None], hidden), drafter_next=False)
+
+    # ---- the speculative step ----------------------------------------------------------------
+
+    def _speculative_step(self, run: _Run, plan: DraftPlan) -> SpecStepStats:
+        """Draft a tree per row, verify every tree in one target pass, accept each row's path
+        and final token, commit."""
+        batch = len(run.running)
+        started = time.perf_counter()
+        tree = self._draft(run, plan)
+        drafted = time.perf_counter()
+        out, verdict = self._verify(run, plan, tree)
+        verified = time.perf_counter()
+        committed = self._accept(tree, out, verdict)
+        self._commit(run, committed, drafter_next=plan.uses_drafter)
+        done = time.perf_counter()
+        emitted = sum(committed.count_list)
+        return SpecStepStats(run.steps, batch, plan.key, int(tree.num_nodes.sum()) - batch,
+                             emitted - batch, emitted, drafted - started, verified - drafted,
+                             done - verified)
+
+    def _draft(self, run: _Run, plan: DraftPlan) -> ops.DraftTree:
+        """Every running row's draft tree (B, N), node 0 its root."""
+        batch = len(run.running)
+        roots = self.rows.last[:batch]  # (B,)
+        keys = [sample.key for sample in run.running]
+        if not plan.uses_drafter:
+            return plan.draft(DraftContext(roots, keys, run.suffix_index))
+        self.drafter_rows.flush(batch)  # the drafter needs every committed pair
+        return plan.draft(DraftContext(roots, keys, run.suffix_index, self.drafter,
+                                       self.drafter_rows.rows(batch),
+                                       self.drafter_rows.last_hidden[:batch]))
+
+    def _verify(self, run: _Run, plan: DraftPlan, tree: ops.DraftTree
+                ) -> tuple[ModelOutput, ops.VerifyOutput]:
+        """The target's pass over every tree (causal for chains: node i sees nodes 0..i;
+        tree-masked otherwise) and the verification kernel's verdict: each row's accepted path
+        and final (bonus or corrected) token."""
+        batch, N = tree.tokens.shape
+        view = self.cache.rows(0, batch)
+        if plan.is_chain:
+            positions = view.lengths[:, None] + torch.arange(N, device=self.device)  # (B, N)
+            tree_mask = None
+        else:
+            meta = ops.tree_metadata(tree.parents, tree.num_nodes, view.lengths)
+            positions, tree_mask = meta.positions, ops.unpack_tree_mask(meta.mask, N)
+        out = self.model.step(tree.tokens, positions, view, tree_mask=tree_mask,
+                              hidden_layers=run.hidden_layers)  # logits (B, N, V)
+        verdict = ops.verify_tree_sampling(
+            out.logits, tree.tokens, tree.parents, num_nodes=tree.num_nodes, validate=False,
+            **self.rows.sampling(slice(0, batch)))
+        check_emitted(verdict.emitted_tokens[:, 0])
+        return out, verdict
+
+    def _accept(self, tree: ops.DraftTree, out: ModelOutput,
+                verdict: ops.VerifyOutput) -> _Committed:
+        """Keeps each row's accepted path: its K/V moves next to the committed prefix
+        (compaction), and its tokens and target features are gathered for the commit."""
+        batch = tree.tokens.shape[0]
+        counts = verdict.num_accepted.to(torch.int64) + 1  # (B,) tokens each row emits
+        self.cache.rows(0, batch).compact(verdict.accept_index, verdict.num_accepted)
+        count_list = counts.tolist()  # the step's one host sync: the loop branches on it
+        width = max(count_list)
+        path = verdict.accept_index[:, :width].clamp(min=0).long()  # (B, W) accepted nodes
+        hidden = tuple(h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
+                       for h in out.hidden_states)  # (B, W, H) each
+        emitted = verdict.emitted_tokens[:, :width]  # (B, W)
+        last = emitted.gather(1, (counts - 1)[:, None])[:, 0]  # (B,)
+        return _Committed(counts, count_list, emitted, emitted.tolist(),
+                          verdict.emitted_logprobs[:, :width].tolist(), last,
+                          tree.tokens.gather(1, path), hidden)
+
+    # ---- commit, shared by both steps --------------------------------------------------------
+
+    def _commit(self, run: _Run, committed: _Committed, drafter_next: bool) -> None:
+        """Brings the drafter along (now if it drafts next, as it most likely does after a step
+        it drafted; else as its sync says), appends each row's tokens to its sample up to a stop
+        id or max_tokens, hands the committed positions to the harvest, and moves each row's
+        root forward."""
+        c = committed
+        if run.drafting:
+            following = c.emitted.clamp(min=0)  # (B, W); padding past a row's count
+            if drafter_next:
+                self.drafter_rows.extend(0, following, c.hidden, c.counts)
+            else:
+                self.drafter_rows.follow(following, c.hidden, c.counts)
+        kept = [self._append(sample, tokens, logprobs, count) for sample, count, tokens, logprobs
+                in zip(run.running, c.count_list, c.emitted_rows, c.logprob_rows)]
+        # a position belongs to the sequence only if the token after it was kept
+        self._harvest(run, run.running, c.fed_tokens, c.hidden, kept)
+        self.rows.advance(slice(0, len(run.running)), c.last, c.counts)
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _plan_chooser(self, strategy: Speculation) -> Callable[[int], DraftPlan | None] | None:
+        """generate's strategy as a function of the running batch size, its plans checked."""
+        if strategy is None:
+            return None
+        if isinstance(strategy, DraftPlan):
+            self._checked(strategy)
+            return lambda batch: strategy
+        if isinstance(strategy, PlanPolicy):
+            choose = strategy.choose
+        elif callable(strategy):
+            choose = strategy
+        else:
+            raise TypeError(f"strategy: expected None, a DraftPlan, a PlanPolicy or a function "
+                            f"of the running batch size, got {strategy!r}")
+        # Each plan object is checked once per call: a policy returns the same few objects,
+        # and a runtime Protocol check evaluates every property of the plan.
+        checked: dict[int, DraftPlan] = {}  # id -> the plan (kept here, so ids stay unique)
+
+        def choose_checked(batch: int) -> DraftPlan | None:
+            plan = choose(batch)
+            if plan is not None and checked.get(id(plan)) is not plan:
+                checked[id(plan)] = self._checked(plan)
+            return plan
+
+        return choose_checked
+
+    def _checked(self, plan: DraftPlan | None) -> DraftPlan | None:
+        if plan is None:
+            return None
+        if not isinstance(plan, DraftPlan):
+            raise TypeError(f"strategy: expected a DraftPlan (Strategy, SuffixMatch) or None, "
+                            f"got {plan!r}")
+        if plan.uses_drafter and self.drafter is None:
+            raise ValueError("strategy: speculative decoding with a learned drafter needs one; "
+                             "build the engine with RolloutEngine(model, config, drafter), or "
+                             "use SuffixMatch drafts")
+        need, reserve = max(plan.num_verify_tokens, plan.fed_nodes), self.config.spec_reserve
+        if need > reserve:
+            raise ValueError(f"strategy: {plan.key} needs {need} cache slots past max_len; "
+                             f"EngineConfig.spec_reserve is {reserve}")
+        return plan
+
+    def _harvest(self, run: _Run, samples: list[_Sample], tokens: torch.Tensor,
+                 hidden: Sequence[torch.Tensor], counts: list[int]) -> None:
+        """Hands a pass's committed positions to the harvest (tokens (B, W) and the outputs of
+        run.hidden_layers, each (B, W, H); counts[b] positions of row b)."""
+        if self.harvest is None:
+            return
+        start = time.perf_counter()
+        features = torch.stack(tuple(hidden[:-1]), dim=2)  # (B, W, F, H)
+        # tokens may view per-row state the step is about to overwrite: keep a copy
+        self.harvest.add_step([s.key for s in samples], tokens.clone(), features, hidden[-1],
+                              counts)
+        run.harvest_s += time.perf_counter() - start
+
+    def _expand(self, requests: Sequence[Request], request_ids: Sequence[int] | None,
+                suffix_index: SuffixIndex) -> list[_Sample]:
+        if request_ids is not None:
+            if len(request_ids) != len(requests):
+                raise ValueError(f"request_ids: {len(request_ids)} ids for {len(requests)} "
+                                 "requests")
+            if len(set(request_ids)) != len(request_ids):
+                raise ValueError("request_ids: ids must be distinct (a sample's records and "
+                                 "seed are keyed by its request's id)")
+        samples = []
+        for position, request in enumerate(requests):
+            request_index = position if request_ids is None else int(request_ids[position])
+            if not isinstance(request, Request):
+                raise TypeError(f"requests[{position}]: expected a Request, got "
+                                f"{type(request).__name__}")
+            bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"requests[{position}].prompt_ids: token id {bad[0]} is "
+                                 f"outside the vocabulary [0, {self.vocab_size})")
+            need = len(request.prompt_ids) + request.params.max_tokens
+            if need > self.config.max_len:
+                raise ValueError(
+                    f"requests[{position}]: prompt ({len(request.prompt_ids)} tokens) + "
+                    f"max_tokens ({request.params.max_tokens}) exceeds max_len "
+                    f"({self.config.max_len}); raise EngineConfig.max_len or lower max_tokens")
+            for sample_index in range(request.params.n):
+                seed = (sample_seed(request.params.seed, 0, sample_index)
+                        if request.params.seed is not None
+                        else sample_seed(self.config.seed, request_index, sample_index))
+                sample = _Sample(request_index, sample_index, request.prompt_ids,
+                                 request.params, seed)
+                suffix_index.track(sample.key, sample.prompt_ids, sample.tokens)
+                samples.append(sample)
+        return samples
+
+    @staticmethod
+    def _append(sample: _Sample, tokens: list[int], logprobs: list[float], count: int) -> int:
+        """Appends the first `count` of a step's tokens, up to a stop id or max_tokens (what a
+        speculative step emits past either is dropped: plain decoding would never have
+        produced it). Returns how many it kept."""
+        for index in range(count):
+            token = tokens[index]
+            sample.tokens.append(token)
+            sample.logprobs.append(logprobs[index])
+            if token in sample.params.stop_ids:
+                sample.done = "stop"
+            elif len(sample.tokens) >= sample.params.max_tokens:
+                sample.done = "length"
+            if sample.done is not None:
+                return index + 1
+        return count
+
+    def _finish(self, run: _Run, row: int) -> None:
+        running, sample = run.running, run.running[row]
+        run.finished.append(Rollout(
+            sample.request_index, sample.sample_index, sample.prompt_ids,
+            torch.tensor(sample.tokens, dtype=torch.int64),
+            torch.tensor(sample.logprobs, dtype=torch.float32), sample.done,
+            RequestTiming(sample.admitted_s, sample.first_token_s, run.clock())))
+        last = len(running) - 1
+        if row != last:
+            self.cache.move_row(last, row)
+            if run.drafting:
+                self.drafter_rows.move_row(last, row)
+            self.rows.move(last, row)
+            running[row] = running[last]
+        running.pop()
+        self.cache.lengths[last] = 0
+        if run.drafting:
+            self.drafter_rows.free_row(last)
+        if self.harvest is not None:
+            start = time.perf_counter()
+            self.harvest.finish(sample.key)
+            run.harvest_s += time.perf_counter() - start

@@ -1,0 +1,60 @@
+"""How the new tokens of one forward attend: the mask over cache slots and where they write.
+
+Shared by `Transformer.forward`, the packed inference pass (`tlt_core.model.packed`) and the
+draft tree's levels (`tlt_core.drafting.tree`), so none can disagree on which slots a token sees: new
+token i of row b is written to slot `cache.lengths[b] + before + i` and sees the row's committed
+slots plus the uncommitted ones (the `before` slots an earlier pass wrote, and the new tokens)
+that its `tree_mask` row allows (default causal), always including itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How every layer of one forward attends; built once per forward."""
+
+    mask: torch.Tensor | None  # (B, 1, T, S) bool, True = may attend; None = causal over T
+    write_slots: torch.Tensor | None  # (B, T) int64 cache slot of each new token; None = no cache
+    read_len: int  # S: cache slots read, max(lengths) + T
+
+
+def attention_plan(shape: torch.Size | tuple[int, int], cache, tree_mask: torch.Tensor | None,
+                   device: torch.device, before: int = 0, static: bool = False) -> AttentionPlan:
+    """shape (B, T) of the new tokens; cache a tlt_core.model.KVCache or None; tree_mask
+    (B, T, before + T) bool or None; before: uncommitted slots written by earlier passes (the
+    draft tree's previous levels), after each row's committed ones. static: read all of the
+    cache's slots, with no host sync and no room check (the caller checks room), so the pass
+    has fixed shapes and can be captured in a CUDA graph (tlt_core.adaptive.graph_pool)."""
+    B, T = shape
+    own = torch.eye(T, dtype=torch.bool, device=device)  # (T, T)
+    if cache is None:
+        if tree_mask is None:
+            return AttentionPlan(None, None, T)
+        # Every query sees at least itself: a padding token whose mask row is all False
+        # would otherwise get NaN from some attention backends (zeros from others).
+        return AttentionPlan((tree_mask | own)[:, None], None, T)
+    span = before + T  # uncommitted slots the new tokens may see
+    lengths = cache.lengths  # (B,) committed slots
+    if static:
+        read_len = cache.shape.max_len
+    else:
+        cache.check_room(torch.full((B,), span, dtype=torch.int64))
+        # One host sync: read only the slots some row uses, not all of T_max.
+        read_len = int(lengths.max()) + span
+    if tree_mask is None:
+        allowed = torch.ones(T, span, dtype=torch.bool, device=device).tril(before)
+    else:
+        allowed = tree_mask.clone()  # (B, T, span)
+        allowed[..., before:] |= own
+    rel = torch.arange(read_len, device=device) - lengths[:, None]  # (B, S) slot - lengths
+    in_span = (rel >= 0) & (rel < span)  # (B, S) uncommitted slots
+    index = rel.clamp(0, span - 1)[:, None, :].expand(B, T, read_len)  # (B, T, S)
+    sees = allowed.expand(B, T, span).gather(2, index) & in_span[:, None]  # (B, T, S)
+    mask = (rel < 0)[:, None, :] | sees  # (B, T, S): committed prefix + allowed uncommitted
+    write_slots = lengths[:, None] + before + torch.arange(T, device=device)  # (B, T)
+    return AttentionPlan(mask[:, None], write_slots, read_len)

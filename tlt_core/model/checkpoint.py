@@ -1,0 +1,139 @@
+"""Hugging Face checkpoint I/O for the target model, without transformers.
+
+A checkpoint is a local folder in transformers' layout: `config.json` plus `model.safetensors`,
+or `model.safetensors.index.json` and the shards it names. `load_checkpoint` reads it into a
+`tlt_core.model.Transformer` (parameter names map 1:1) and checks every name and shape first;
+`save_checkpoint` writes one that both it and `transformers.AutoModelForCausalLM` load. Nothing
+here downloads: a hub model must be fetched into a folder beforehand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from tlt_core.model.transformer import ModelConfig, Transformer, rope_inv_freq
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+SHOW_NAMES = 5  # names listed in an error before "..."
+
+
+def load_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu") -> Transformer:
+    """The model stored in the HF folder `path`, its weights cast to `dtype` on `device`."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"path: checkpoint folder {folder} does not exist")
+    config = ModelConfig.from_hf_config(_read_json(folder / CONFIG_FILE))
+    # Built on the meta device: no memory, no random init; load_state_dict(assign=True) then
+    # installs the checkpoint's tensors as the parameters.
+    with torch.device("meta"):
+        model = Transformer(config)
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        del expected["lm_head.weight"]  # stored once, as model.embed_tokens.weight
+
+    state, unexpected = {}, []
+    for file, names in _weight_files(folder).items():
+        tensors, ignored = _read_tensors(file, names, expected, dtype, device)
+        state.update(tensors)
+        unexpected += ignored
+    missing = [name for name in expected if name not in state]
+    if missing:
+        raise ValueError(f"{folder}: lacks {len(missing)} tensor(s) the config needs: "
+                         f"{_names(missing)}")
+    if unexpected:  # another architecture, or a config that does not describe these weights
+        raise ValueError(f"{folder}: {len(unexpected)} tensor(s) the config has no place for: "
+                         f"{_names(unexpected)}")
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    model.model.rotary_emb.inv_freq = rope_inv_freq(config, device)  # the one tensor not stored
+    return model.eval()
+
+
+def save_checkpoint(model: Transformer, path: str | Path, *,
+                    extra_config: dict[str, Any] | None = None) -> None:
+    """Writes config.json (the model's config, then `extra_config` over it, e.g. token ids) and
+    model.safetensors into `path` (created if needed). Tied embeddings are stored once."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_hf_config()
+    config["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
+    config.update(extra_config or {})
+    state = {name: tensor.detach().to("cpu").contiguous()
+             for name, tensor in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        del state["lm_head.weight"]
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def _read_tensors(file: Path, names: list[str] | None, expected: dict[str, tuple[int, ...]],
+                  dtype: torch.dtype, device: torch.device | str
+                  ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The expected tensors among `names` (None: all) in one file, shapes checked before any
+    is read, and the names that are neither expected nor ignorable."""
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as reader:
+            stored = set(reader.keys())
+            names = sorted(stored) if names is None else names
+            absent = [name for name in names if name not in stored]
+            if absent:
+                raise ValueError(f"{file}: lacks {_names(absent)}, which {INDEX_FILE} places there")
+            # transformers < 4.31 stored RoPE frequencies; tied checkpoints may store lm_head.
+            names = [name for name in names if not name.endswith("rotary_emb.inv_freq")
+                     and (name in expected or name != "lm_head.weight")]
+            for name in names:
+                shape = tuple(reader.get_slice(name).get_shape())
+                if name in expected and shape != expected[name]:
+                    raise ValueError(f"{file}: tensor {name} has shape {shape}, the config "
+                                     f"needs {expected[name]}")
+            tensors = {name: reader.get_tensor(name).to(device=device, dtype=dtype)
+                       for name in names if name in expected}
+    except SafetensorError as err:
+        raise ValueError(f"{file}: not a readable safetensors file ({err})") from err
+    return tensors, [name for name in names if name not in expected]
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:SHOW_NAMES])
+    return shown + (f", ... ({len(names) - SHOW_NAMES} more)" if len(names) > SHOW_NAMES else "")
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise FileNotFoundError(f"{file.name}: {file} does not exist")
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file}: not valid JSON ({err})") from err
+
+
+def _weight_files(folder: Path) -> dict[Path, list[str] | None]:
+    """Each safetensors file and the tensor names it holds (None: whatever the file has)."""
+    if (folder / INDEX_FILE).is_file():
+        weight_map = _read_json(folder / INDEX_FILE).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{folder / INDEX_FILE}: has no weight_map")
+        files: dict[Path, list[str]] = {}
+        for name, shard in weight_map.items():
+            files.setdefault(folder / shard, []).append(name)
+    elif (folder / WEIGHTS_FILE).is_file():
+        files = {folder / WEIGHTS_FILE: None}
+    else:
+        raise FileNotFoundError(f"{WEIGHTS_FILE}: {folder} has neither {WEIGHTS_FILE} nor "
+                                f"{INDEX_FILE}")
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"{file.name}: shard named by {INDEX_FILE} does not exist "
+                                    f"in {folder}")
+    return files

@@ -1,0 +1,228 @@
+"""The inference pass with a KV cache (`Transformer.step`, `Transformer.next_token_logits`),
+over weights packed for it.
+
+Decoding a small model on a CPU is bound by per-op dispatch (5-10 us an op), not arithmetic, so
+this pass spends the fewest ops per layer that compute what `Transformer.forward` computes: q, k
+and v from one matmul, gate and up from one, both residual adds folded into `addmm`, float32 RMSNorm weights folded into the matmul after them (the norm itself is then
+`x * rsqrt(|x|^2 / H + eps)`, four cheap ops where `F.rms_norm` dispatches seven), RoPE for q and
+k together as `x * cos + roll(x, d/2) * sin_signed`, K and V written with
+one indexed store, and no attention mask when every row has the same length (a batch of one
+always does).
+
+The packed weights are transposed, concatenated copies of the model's parameters. The parameters
+stay the one source of truth: the pack is rebuilt whenever any of them changed (a tensor's storage
+and version counter identify its contents), so an optimizer step, a load_state_dict or a .to()
+is seen by the next pass without anyone calling a refresh. The price is one extra copy of the
+decoder layers' weights (the embedding and LM head are used in place). The pack holds no autograd
+history: the packed pass is for inference.
+
+The drafter runs its one layer through the same code (PackedLayers, run_layers).
+
+Shapes: B rows, T new tokens per row, H hidden size, d head_dim, H_q / H_kv query / key-value
+heads, I intermediate size, S cache slots read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tlt_core.model.attention_plan import AttentionPlan, attention_plan
+
+
+@dataclass(frozen=True)
+class PackedLayer:
+    qkv: torch.Tensor  # (H, (H_q + 2 H_kv) d): [q | k | v] projections, transposed
+    qkv_bias: torch.Tensor | None  # ((H_q + 2 H_kv) d,)
+    o: torch.Tensor  # (H_q d, H)
+    o_bias: torch.Tensor | None  # (H,)
+    gate_up: torch.Tensor  # (H, 2 I): [gate | up], transposed
+    down: torch.Tensor  # (I, H)
+    qk_norm: torch.Tensor | None  # (H_q + H_kv, d): q_norm's weight per q head, k_norm's per k head
+    # None when folded into qkv / gate_up (float32 weights); else the layer's own RMSNorm, which
+    # normalises in float32 whatever the weights' dtype, as transformers does. A layer without
+    # an input norm (nn.Identity: the EAGLE-1 drafter) keeps its Identity here: no
+    # normalisation at all.
+    input_norm: nn.Module | None
+    post_attention_norm: nn.Module | None
+
+
+def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int) -> PackedLayer:
+    attn, mlp = layer.self_attn, layer.mlp
+    fold = attn.q_proj.weight.dtype == torch.float32
+    no_input_norm = isinstance(layer.input_layernorm, nn.Identity)
+    # rms_norm(x) * w @ W.T == (x * rsqrt(...)) @ (W * w).T: the norm's weight scales W's inputs
+    input_scale = layer.input_layernorm.weight if fold and not no_input_norm else 1.0
+    post_scale = layer.post_attention_layernorm.weight if fold else 1.0
+    qkv = (torch.cat((attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight))
+           * input_scale).t()
+    qkv_bias = None
+    if attn.q_proj.bias is not None:
+        qkv_bias = torch.cat((attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias))
+    qk_norm = None
+    if attn.qk_norm:
+        qk_norm = torch.cat((attn.q_norm.weight.expand(num_heads, -1),
+                             attn.k_norm.weight.expand(num_kv_heads, -1)))
+    return PackedLayer(
+        qkv=qkv.contiguous(), qkv_bias=qkv_bias, o=attn.o_proj.weight.t().contiguous(),
+        o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.clone(),
+        gate_up=(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)) * post_scale
+                 ).t().contiguous(),
+        down=mlp.down_proj.weight.t().contiguous(), qk_norm=qk_norm,
+        input_norm=layer.input_layernorm if no_input_norm or not fold else None,
+        post_attention_norm=None if fold else layer.post_attention_layernorm)
+
+
+class PackedLayers:
+    """Packed copies of decoder layers, rebuilt when any of their parameters changed."""
+
+    def __init__(self, layers: Callable[[], Sequence[nn.Module]], config):
+        self.layers_of = layers  # called on refresh: the modules may be replaced (assign=True)
+        self.config = config
+        self.packed: list[PackedLayer] = []
+        # Where each layer parameter lives ((module._parameters, name)) and what it held when
+        # packed: reading them back per pass costs ~10 us, walking parameters() ~500 us.
+        self.sources: list[tuple[dict, str]] = []
+        self.key: tuple = ()
+        self.eps: torch.Tensor | None = None  # () float32 on the weights' device
+        self.rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin_signed
+
+    def rope(self, rotary: nn.Module, positions: torch.Tensor, bound: int, dtype: torch.dtype
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin_signed (B, T, 1, d) at positions (all < bound), looked up in tables the
+        rotary module fills (the same float32 math, two index ops instead of eight)."""
+        if self.rope_tables is None or self.rope_tables[0].shape[0] < bound or \
+                self.rope_tables[0].dtype != dtype or self.rope_tables[0].device != positions.device:
+            size = max(bound, 2 * (0 if self.rope_tables is None else self.rope_tables[0].shape[0]), 256)
+            cos, sin = rotary(torch.arange(size, device=positions.device), dtype)  # (P, d)
+            half = cos.shape[-1] // 2
+            sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+            self.rope_tables = cos[:, None], sin_signed[:, None]  # (P, 1, d) each
+        cos, sin_signed = self.rope_tables
+        return cos[positions], sin_signed[positions]
+
+    def _key(self) -> tuple:
+        return tuple((params[name].data_ptr(), params[name]._version)
+                     for params, name in self.sources)
+
+    def get(self) -> list[PackedLayer]:
+        if self.sources and self._key() == self.key:
+            return self.packed
+        config, layers = self.config, list(self.layers_of())
+        self.sources = [(module._parameters, name) for layer in layers for module in layer.modules()
+                        for name, param in module._parameters.items() if param is not None]
+        self.eps = torch.tensor(config.rms_norm_eps, device=layers[0].mlp.down_proj.weight.device)
+        with torch.no_grad():
+            self.packed = [_pack_layer(layer, config.num_heads, config.num_kv_heads)
+                           for layer in layers]
+        self.key = self._key()
+        return self.packed
+
+
+def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None,
+             static: bool = False) -> AttentionPlan:
+    """attention_plan, short-cut when every row has the same length (a batch of one always
+    does): one token per row needs no mask at all, several a causal mask shared by the rows.
+    static: attention_plan's fixed-shape plan, with no short cut (they need a host sync)."""
+    B, T = input_ids.shape
+    if static:
+        return attention_plan((B, T), cache, tree_mask, input_ids.device, static=True)
+    if tree_mask is not None:
+        return attention_plan((B, T), cache, tree_mask, input_ids.device)
+    lengths = cache.lengths
+    shortest, longest = (int(n) for n in torch.aminmax(lengths))  # one host sync
+    if T > 1 and shortest != longest:
+        return attention_plan((B, T), cache, None, input_ids.device)
+    if longest + T > cache.shape.max_len:
+        cache.check_room(torch.full_like(lengths, T))  # raises, naming the row
+    device, read_len = input_ids.device, longest + T
+    if T == 1:  # no mask when all rows are equal; else each row's prefix and its new slot
+        mask = (None if shortest == longest else
+                (torch.arange(read_len, device=device) <= lengths[:, None])[:, None, None, :])
+        return AttentionPlan(mask, lengths[:, None], read_len)
+    # Equal rows, causal: new token i sees slots <= longest + i, for every row alike.
+    mask = torch.ones(T, read_len, dtype=torch.bool, device=device).tril(longest)
+    return AttentionPlan(mask[None, None], lengths[:, None] + torch.arange(T, device=device),
+                         read_len)
+
+
+def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, rotary: nn.Module,
+               cache_layers: Sequence[torch.Tensor], plan: AttentionPlan,
+               hidden_layers: Sequence[int] = ()) -> tuple[torch.Tensor, dict]:
+    """The packed layers over h (B T, H) at positions (B, T); cache_layers[i] is layer i's
+    (2, B, H_kv, T_max, d) K/V. Returns (output (B T, H), {layer: (B, T, H) output})."""
+    config = layers.config
+    (B, T), d = positions.shape, config.head_dim
+    H_q, H_kv, half = config.num_heads, config.num_kv_heads, config.head_dim // 2
+    cos, sin_signed = layers.rope(rotary, positions, plan.read_len, h.dtype)  # (B, T, 1, d)
+    rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
+    cache_dtype = cache_layers[0].dtype
+    same_dtype = cache_dtype == h.dtype  # skip .to() calls: each costs a dispatch
+    saved = {}
+    for index, packed in enumerate(layers.get()):
+        x = _norm(h, packed.input_norm, layers.eps)  # (B T, H)
+        qkv = (torch.mm(x, packed.qkv) if packed.qkv_bias is None
+               else torch.addmm(packed.qkv_bias, x, packed.qkv))
+        qkv = qkv.view(B, T, H_q + 2 * H_kv, d)
+        qk = qkv[:, :, :H_q + H_kv]  # (B, T, H_q + H_kv, d)
+        if packed.qk_norm is not None:
+            qk = F.rms_norm(qk, (d,), eps=config.rms_norm_eps) * packed.qk_norm
+        # RoPE in transformers' half-split layout: rotate_half(x) * sin = roll(x) * sin_signed
+        qkv[:, :, :H_q + H_kv] = torch.addcmul(qk * cos, qk.roll(half, -1), sin_signed)
+        layer_kv = cache_layers[index]  # (2, B, H_kv, T_max, d)
+        # Advanced indices split by a slice put the index dims first: the target is
+        # (B, T, 2, H_kv, d), exactly the k|v part of qkv.
+        new_kv = qkv[:, :, H_q:].view(B, T, 2, H_kv, d)
+        layer_kv[:, rows, :, plan.write_slots] = new_kv if same_dtype else new_kv.to(cache_dtype)
+        keys, values = layer_kv[0, :, :, :plan.read_len], layer_kv[1, :, :, :plan.read_len]
+        if not same_dtype:
+            keys, values = keys.to(h.dtype), values.to(h.dtype)
+        out = F.scaled_dot_product_attention(
+            qkv[:, :, :H_q].transpose(1, 2), keys, values, attn_mask=plan.mask,
+            enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
+        h = torch.addmm(h, out.transpose(1, 2).reshape(B * T, H_q * d), packed.o)  # + o_proj
+        if packed.o_bias is not None:
+            h = h + packed.o_bias
+        gate_up = torch.mm(_norm(h, packed.post_attention_norm, layers.eps), packed.gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)  # (B T, I) each
+        h = torch.addmm(h, F.silu(gate) * up, packed.down)  # residual + SwiGLU MLP
+        if index in hidden_layers:
+            saved[index] = h.view(B, T, -1)
+    return h, saved
+
+
+def _norm(h: torch.Tensor, norm: nn.Module | None, eps: torch.Tensor) -> torch.Tensor:
+    """RMSNorm of h (B T, H); without its weight when that is folded (norm None); `norm`
+    itself when given (the layer's RMSNorm, or an Identity: no norm)."""
+    if norm is not None:
+        return norm.forward(h)
+    size = torch.linalg.vector_norm(h, dim=-1, keepdim=True)  # (B T, 1) |h|
+    return h * torch.addcmul(eps, size, size, value=1.0 / h.shape[-1]).rsqrt_()
+
+
+class PackedDecoder:
+    """Transformer.step: the target's inference pass over its packed layers."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.layers = PackedLayers(lambda: model.model.layers, model.config)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
+                 tree_mask: torch.Tensor | None, hidden_layers: list[int], static: bool = False
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Transformer.forward with a cache, for inference: input_ids, positions (B, T) int64;
+        returns logits (B, T, V) float32 and the (B, T, H) outputs of `hidden_layers`
+        (non-negative indices). Inputs are checked by the Transformer."""
+        model, stack = self.model, self.model.model
+        B, T = input_ids.shape
+        plan = plan_for(input_ids, cache, tree_mask, static)
+        h = F.embedding(input_ids.reshape(B * T), stack.embed_tokens.weight)  # (B T, H)
+        cache_layers = [cache.data[i] for i in range(model.config.num_layers)]
+        h, saved = run_layers(self.layers, h, positions, stack.rotary_emb, cache_layers, plan,
+                              hidden_layers)
+        logits = F.linear(stack.norm.forward(h), model.lm_head.weight).float()  # (B T, V)
+        return logits.view(B, T, -1), tuple(saved[index] for index in hidden_layers)

@@ -1,0 +1,403 @@
+"""The target model: an eager PyTorch decoder for the Llama, Qwen2 and Qwen3 families.
+
+The model maps token ids + positions + KV cache to logits and hidden states; it knows nothing
+about tokenizers or sampling. One `forward` serves every pass the toolkit makes:
+
+- no cache: causal self-attention over the T tokens (training, full-sequence recomputation);
+  `tree_mask`, if given, replaces the causal mask;
+- with a `tlt_core.model.KVCache`: new token i of row b writes its K/V to slot
+  `cache.lengths[b] + i` of every layer and attends to the row's committed slots plus the new
+  tokens `tree_mask[b, i]` allows (default causal) — prefill, plain decoding and tree
+  verification alike. `cache.lengths` is never changed: the engine commits.
+
+Parameter names mirror transformers' (`model.layers.{i}.self_attn.q_proj.weight`, ...) so HF
+state dicts map 1:1 (`tlt_core.model.checkpoint`). Numerics follow transformers too: RMSNorm in
+float32, RoPE angles in float32 whatever the weights' dtype, Llama-3 frequency scaling.
+
+Shapes: B rows, T new tokens, S cache slots read, H hidden size, V vocabulary, L layers,
+H_q / H_kv query / key-value heads, d head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tlt_core.model.attention_plan import AttentionPlan, attention_plan
+from tlt_core.model.kv_cache import KVCache
+from tlt_core.model.packed import PackedDecoder
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3"}
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder; the defaults are a tiny Llama that runs anywhere."""
+
+    family: str = "llama"  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int = 256  # V
+    hidden_size: int = 64  # H
+    intermediate_size: int = 128
+    num_layers: int = 2  # L
+    num_heads: int = 4  # H_q
+    num_kv_heads: int = 2  # H_kv (grouped-query attention when < num_heads)
+    head_dim: int = 16  # d
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # None, or Llama-3 scaling: {"rope_type": "llama3", "factor", "low_freq_factor",
+    # "high_freq_factor", "original_max_position_embeddings"}.
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False  # lm_head shares embed_tokens' weight
+    # q/k/v biases: always on in Qwen2. For Llama and Qwen3, transformers' attention_bias also
+    # gives o_proj a bias, and so do we.
+    attention_bias: bool = False
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k, before RoPE
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"family: expected one of {FAMILIES}, got {self.family!r}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be an int >= 1, got {getattr(self, name)!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads: num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim: RoPE needs an even head_dim, got {self.head_dim}")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"rms_norm_eps: must be > 0, got {self.rms_norm_eps}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta: must be > 0, got {self.rope_theta}")
+        if self.rope_scaling is not None:
+            scaling = self.rope_scaling
+            if not isinstance(scaling, dict) or scaling.get("rope_type") != "llama3":
+                raise ValueError("rope_scaling: only None or Llama-3 scaling "
+                                 f"(rope_type 'llama3') is supported, got {scaling!r}")
+            missing = [key for key in LLAMA3_ROPE_KEYS if key not in scaling]
+            if missing:
+                raise ValueError(f"rope_scaling: Llama-3 scaling needs {missing}")
+            if not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+                raise ValueError("rope_scaling: high_freq_factor must exceed low_freq_factor")
+        if self.qk_norm != (self.family == "qwen3"):
+            raise ValueError(f"qk_norm: the qwen3 family, and only it, normalises q and k per head "
+                             f"(family {self.family!r}, qk_norm {self.qk_norm})")
+        if self.family == "qwen2" and not self.attention_bias:
+            raise ValueError("attention_bias: the qwen2 family always has q/k/v biases")
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any]) -> ModelConfig:
+        """From a transformers config.json dict (Llama/Qwen2/Qwen3ForCausalLM), old-style
+        `rope_theta` + `rope_scaling` or transformers-5 `rope_parameters`."""
+        names = hf.get("architectures") or [
+            arch for arch, family in ARCHITECTURES.items() if family == hf.get("model_type")]
+        arch = names[0] if names else None
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"architectures: {arch or 'none given'} is not supported; supported: "
+                             f"{', '.join(ARCHITECTURES)}")
+        family = ARCHITECTURES[arch]
+        absent = [key for key in ("vocab_size", "hidden_size", "intermediate_size",
+                                  "num_hidden_layers", "num_attention_heads") if key not in hf]
+        if absent:
+            raise ValueError(f"{', '.join(absent)}: missing from the {arch} config")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act: only silu (SwiGLU) is supported, got {hf['hidden_act']!r}")
+        if hf.get("mlp_bias", False):
+            raise ValueError("mlp_bias: MLP biases are not supported")
+        if hf.get("use_sliding_window", False):
+            raise ValueError("use_sliding_window: sliding-window attention is not supported")
+        heads = hf["num_attention_heads"]
+        # transformers' Qwen3Config defaults head_dim to 128; the others derive it.
+        head_dim = hf.get("head_dim") or (128 if family == "qwen3" else hf["hidden_size"] // heads)
+        # Legacy rope_scaling wins over rope_parameters, as in transformers 5.
+        rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        rope_scaling = None
+        if rope_type == "llama3":
+            rope.setdefault("original_max_position_embeddings",
+                            hf.get("max_position_embeddings", 2048))
+            rope_scaling = {"rope_type": "llama3",
+                            **{key: rope[key] for key in LLAMA3_ROPE_KEYS if key in rope}}
+        elif rope_type != "default":
+            raise ValueError(f"rope_scaling: rope_type {rope_type!r} is not supported "
+                             "(supported: default, llama3)")
+        return cls(
+            family=family, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+            num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=head_dim, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=hf.get("max_position_embeddings",
+                                           2048 if family == "llama" else 32768),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=True if family == "qwen2" else bool(hf.get("attention_bias", False)),
+            qk_norm=family == "qwen3")
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """A config.json dict transformers loads (both the 4.x keys and 5.x `rope_parameters`)."""
+        arch = next(name for name, family in ARCHITECTURES.items() if family == self.family)
+        rope_parameters = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling is not None:
+            rope_parameters.update(self.rope_scaling)
+        hf = {"architectures": [arch], "model_type": self.family, "vocab_size": self.vocab_size,
+              "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+              "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+              "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+              "hidden_act": "silu", "rms_norm_eps": self.rms_norm_eps,
+              "rope_theta": self.rope_theta,
+              "rope_scaling": None if self.rope_scaling is None else dict(self.rope_scaling),
+              "rope_parameters": rope_parameters,
+              "max_position_embeddings": self.max_position_embeddings,
+              "tie_word_embeddings": self.tie_word_embeddings}
+        if self.family == "llama":
+            hf.update(attention_bias=self.attention_bias, mlp_bias=False)
+        else:
+            hf.update(use_sliding_window=False)
+            if self.family == "qwen3":
+                hf.update(attention_bias=self.attention_bias)
+        return hf
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    logits: torch.Tensor  # (B, T, V) float32
+    # One (B, T, H) tensor per requested layer, in request order: the output of decoder layer i
+    # (the input of layer i + 1); the last layer's is taken before the final norm.
+    hidden_states: tuple[torch.Tensor, ...]
+
+
+def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
+    """RoPE inverse frequencies (d/2,) float32, computed exactly as transformers does
+    (`_compute_default_rope_parameters`, `_compute_llama3_parameters`)."""
+    d = config.head_dim
+    exponent = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d  # (d/2,)
+    inv_freq = 1.0 / (config.rope_theta ** exponent)  # (d/2,)
+    if config.rope_scaling is None:
+        return inv_freq
+    scaling = config.rope_scaling  # Llama 3.1: stretch low frequencies, keep high ones
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq  # (d/2,)
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)  # (d/2,)
+    smooth = (old_context / wavelen - low) / (high - low)  # (d/2,)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled  # (d/2,)
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)  # (d/2,)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)  # (d/2,)
+
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype) would round the frequencies to the weights' dtype; transformers keeps
+        # them in float32, so only follow the device and recompute them there.
+        super()._apply(fn, recurse)
+        self.inv_freq = rope_inv_freq(self.config, self.inv_freq.device)
+        return self
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype):
+        freqs = positions[..., None].float() * self.inv_freq  # (B, T, d/2)
+        angles = torch.cat((freqs, freqs), dim=-1)  # (B, T, d)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, heads, T, d); cos, sin (B, T, d). Rotates the two halves of each head (HF layout)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, heads, T, d)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # One fused op; the same float32 math as below (decoding is dispatch-bound).
+            return F.rms_norm(x, (x.shape[-1],), self.weight, eps=self.eps)
+        # Normalise in float32, as transformers does, then scale in the weights' dtype.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        hidden, bias = config.hidden_size, config.attention_bias
+        q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        self.q_proj = nn.Linear(hidden, q_size, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_size, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_size, bias=bias)
+        self.o_proj = nn.Linear(q_size, hidden, bias=bias and config.family != "qwen2")
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: AttentionPlan,
+                kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        # Submodules are called through .forward / F.linear: decoding a small model is bound by
+        # per-call Python overhead, and nn.Module.__call__ (hooks we never use) doubles it.
+        B, T, _ = x.shape
+        q = _linear(self.q_proj, x).view(B, T, self.num_heads, self.head_dim)  # (B, T, H_q, d)
+        k = _linear(self.k_proj, x).view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, d)
+        v = _linear(self.v_proj, x).view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, d)
+        if self.qk_norm:
+            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H_q, T, d)
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, H_kv, T, d)
+        v = v.transpose(1, 2)  # (B, H_kv, T, d)
+        if kv is not None:
+            k_cache, v_cache = kv  # (B, H_kv, T_max, d) views into the cache
+            index = plan.write_slots[:, None, :, None].expand_as(k)  # (B, H_kv, T, d)
+            k_cache.scatter_(2, index, k.to(k_cache.dtype))
+            v_cache.scatter_(2, index, v.to(v_cache.dtype))
+            k = k_cache[:, :, :plan.read_len].to(q.dtype)  # (B, H_kv, S, d)
+            v = v_cache[:, :, :plan.read_len].to(q.dtype)  # (B, H_kv, S, d)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=plan.mask, is_causal=plan.mask is None,
+            enable_gqa=self.num_heads != self.num_kv_heads)  # (B, H_q, T, d)
+        return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
+
+
+def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, layer.weight, layer.bias)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = _linear(self.gate_proj, x), _linear(self.up_proj, x)  # (B, T, I)
+        return _linear(self.down_proj, F.silu(gate) * up)  # SwiGLU, (B, T, H)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: AttentionPlan,
+                kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        attended = self.self_attn.forward(self.input_layernorm.forward(h), cos, sin, plan, kv)
+        h = h + attended  # (B, T, H)
+        return h + self.mlp.forward(self.post_attention_layernorm.forward(h))  # (B, T, H)
+
+
+class DecoderStack(nn.Module):
+    """The parameters under transformers' `model.` prefix; Transformer.forward runs them."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = DecoderStack(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self._decoder = PackedDecoder(self)
+
+    def tie_weights(self) -> None:
+        """With tie_word_embeddings, lm_head uses embed_tokens' Parameter itself (one tensor,
+        one gradient), also after load_state_dict(assign=True) replaced either."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, *, tree_mask: torch.Tensor | None = None,
+                hidden_layers: Sequence[int] = ()) -> ModelOutput:
+        """input_ids, positions (B, T) int64; tree_mask (B, T, T) bool, True where new token i
+        may attend to new token j (default causal); hidden_layers: layer indices (-1 = last)
+        whose outputs to return. See the module docstring for the cache contract."""
+        self._check_inputs(input_ids, positions, cache, tree_mask)
+        wanted = [self._layer_index(i) for i in hidden_layers]
+        plan = attention_plan(input_ids.shape, cache, tree_mask, input_ids.device)
+        cos, sin = self.model.rotary_emb(positions, self.lm_head.weight.dtype)  # (B, T, d) each
+        h = self.model.embed_tokens(input_ids)  # (B, T, H)
+        saved = {}
+        for index, layer in enumerate(self.model.layers):
+            h = layer.forward(h, cos, sin, plan, None if cache is None else cache.layer(index))
+            if index in wanted:
+                saved[index] = h
+        logits = _linear(self.lm_head, self.model.norm.forward(h)).float()  # (B, T, V)
+        return ModelOutput(logits, tuple(saved[index] for index in wanted))
+
+    def step(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
+             tree_mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = (),
+             static: bool = False) -> ModelOutput:
+        """forward() with a cache, for inference (no autograd through the weights): the same
+        contract and results (tests hold it to forward), in the fewest ops per layer
+        (tlt_core.model.packed), since a small model's inference is bound by per-op overhead.
+        Prefill, decoding and tree verification all go through here. static: fixed shapes,
+        no host sync, no room check (the caller's): capturable in a CUDA graph."""
+        self._check_inputs(input_ids, positions, cache, tree_mask)
+        wanted = [self._layer_index(i) for i in hidden_layers]
+        logits, hidden = self._decoder(input_ids, positions, cache, tree_mask, wanted, static)
+        return ModelOutput(logits, hidden)
+
+    def next_token_logits(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token per row: row b's token at position cache.lengths[b], written to that slot.
+        Returns the (B, V) float32 logits of the token after it: step(tokens[:, None],
+        cache.lengths[:, None], cache).logits[:, 0]."""
+        if tokens.dim() != 1 or tokens.dtype != torch.int64:
+            raise ValueError(f"tokens: expected (B,) int64, got {tuple(tokens.shape)} {tokens.dtype}")
+        return self.step(tokens[:, None], cache.lengths[:, None], cache).logits[:, 0]
+
+    def _layer_index(self, index: int) -> int:
+        num_layers = self.config.num_layers
+        if not -num_layers <= index < num_layers:
+            raise ValueError(f"hidden_layers: layer {index} out of range for {num_layers} layers")
+        return index % num_layers
+
+    def _check_inputs(self, input_ids, positions, cache, tree_mask) -> None:
+        if input_ids.dim() != 2 or input_ids.dtype != torch.int64:
+            raise ValueError(f"input_ids: expected (B, T) int64, got {tuple(input_ids.shape)} "
+                             f"{input_ids.dtype}")
+        if positions.shape != input_ids.shape or positions.dtype != torch.int64:
+            raise ValueError(f"positions: expected {tuple(input_ids.shape)} int64 like input_ids, "
+                             f"got {tuple(positions.shape)} {positions.dtype}")
+        B, T = input_ids.shape
+        if tree_mask is not None and (tree_mask.shape != (B, T, T) or tree_mask.dtype != torch.bool):
+            raise ValueError(f"tree_mask: expected ({B}, {T}, {T}) bool, got "
+                             f"{tuple(tree_mask.shape)} {tree_mask.dtype}")
+        if cache is not None:
+            c, shape = self.config, cache.shape
+            expected = (c.num_layers, B, c.num_kv_heads, c.head_dim)
+            got = (shape.num_layers, shape.batch, shape.num_kv_heads, shape.head_dim)
+            if got != expected:
+                raise ValueError(f"cache: (layers, batch, kv heads, head_dim) {got} does not match "
+                                 f"the model and input, {expected}")

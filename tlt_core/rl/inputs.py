@@ -1,0 +1,61 @@
+"""What the GRPO driver trains on, as one record: the policy, its drafter (or None: the adaptive
+loop then uses suffix-match drafts only), prompts with reference answers, the reward function,
+and the tokenizer's text side. `checkpoint_inputs` builds it from a local Hugging Face
+checkpoint and a prompt file; `tlt_core.embedded.train_inputs` from the embedded workload.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.model.checkpoint import load_checkpoint
+from tlt_core.model.tokenizer import CheckpointTokenizer
+from tlt_core.rl.data import load_prompts
+from tlt_core.rl.driver import Prompt
+from tlt_core.rl.rewards import RewardFn, math_reward
+
+
+@dataclass
+class TrainInputs:
+    policy: torch.nn.Module
+    drafter: Drafter | None
+    prompts: list[Prompt]
+    calibration: list[Prompt]  # a few prompts like the workload's, for the cost model
+    reward_fn: RewardFn
+    detokenize: Callable[[list[int]], str]
+    stop_ids: tuple[int, ...]
+    description: str
+    bad_rows: list[tuple[int, str]]  # (line, why) of the data rows skipped
+
+
+def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_path=None,
+                      skip_bad_rows: bool = True, reward_fn: RewardFn = math_reward) -> TrainInputs:
+    """A local Hugging Face checkpoint (its tokenizer.json included) and a prompt file."""
+    policy = load_checkpoint(model_path)
+    tokenizer = CheckpointTokenizer(model_path)
+    data = load_prompts(data_path, on_bad_rows="skip" if skip_bad_rows else "error")
+    prompts = [Prompt(e.prompt, tuple(tokenizer.encode(e.prompt)), e.answer) for e in data.examples]
+    drafter = Drafter.load(drafter_path, policy) if drafter_path is not None else None
+    return TrainInputs(policy, drafter, prompts, prompts[:4], reward_fn,
+                       lambda ids: tokenizer.decode(ids), tuple(tokenizer.eos_ids),
+                       f"{model_path} on {data_path} ({len(prompts)} prompts)", data.bad_rows)
+
+
+def load_reward(spec: str) -> RewardFn:
+    """'module:function' -> the function (a user's reward, which the user asked us to import)."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ValueError(f"reward: expected 'module:function', got {spec!r}")
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"reward: cannot load {spec!r} ({error})") from error
+    if not callable(function):
+        raise ValueError(f"reward: {spec!r} is not callable")
+    return function

@@ -1,0 +1,189 @@
+"""Per-step metrics of the GRPO driver: their stable names, and where they are written.
+
+`METRICS` is the contract: every scalar `GRPODriver.step()` returns, with its unit and meaning.
+The names are the keys of `metrics.jsonl` and the tags of the TensorBoard scalars alike, and they
+do not change: dashboards and comparisons across runs key on them. `RECORD_FIELDS` lists the
+step record's other keys (the step index, text, lists) and why each is not a scalar. A test holds
+both tables to what `driver.py` emits, and docs/metrics.md to `render_markdown()` (regenerate it
+with `python -c "import tlt_core.rl.metrics as m; print(m.render_markdown(), end='')" >
+docs/metrics.md`).
+
+`MetricsWriter` writes one JSON line per step to `metrics.jsonl`, always; with TensorBoard on,
+also each scalar of `METRICS` (at global step = the record's `step`; a null value, e.g. no
+acceptance length in a step without speculation, is skipped) and the response lengths as a
+histogram, through `torch.utils.tensorboard.SummaryWriter`. TensorBoard is optional: the
+`tensorboard` package is not a dependency (`pip install tensorboard`).
+
+Rank-local values: in a multi-process run a step's timings, trace and speculation counters are
+those of the rank that writes (rank 0); rewards, lengths and losses cover every rank's samples.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+# name: (unit, meaning)
+METRICS: dict[str, tuple[str, str]] = {
+    "reward": ("reward", "mean reward of the step's samples"),
+    "reward_std": ("reward", "standard deviation of the step's rewards"),
+    "step_s": ("s", "wall time of the whole step: rollout, scoring, update, drafter refresh"),
+    "rollout_s": ("s", "the rollout: this rank's generation, then waiting (and spot-training "
+                       "the drafter) until every rank is done, then gathering the samples"),
+    "train_s": ("s", "the policy update: PPO-clip epochs over the mini-batches"),
+    "rollout_share": ("fraction", "rollout_s / step_s"),
+    "tail_s": ("s", "rollout time spent with at most 25% of the rollout's peak running batch "
+                    "decoding (driver.TAIL_FRACTION): the long tail"),
+    "acceptance_length": ("tokens / step", "mean tokens a row emits per speculative step "
+                                           "(accepted draft tokens + 1); null when no step was "
+                                           "speculative"),
+    "sd_on_share": ("fraction", "share of the rollout's decode steps that were speculative"),
+    "drafter_version": ("version", "drafter version after this step's refresh and watchdog "
+                                   "verdict (0: the initial drafter; each refresh that trained "
+                                   "publishes the next, a rollback returns to an older one); "
+                                   "null without a drafter"),
+    "spot_steps": ("steps", "drafter training steps taken in this rank's idle tail"),
+    "response_length_mean": ("tokens", "mean generated tokens per sample, stop token included"),
+    "reward_errors": ("samples", "samples whose reward function raised or returned NaN (each "
+                                 "scored 0)"),
+    "loss": ("nats / token", "PPO-clip policy loss, token-weighted mean over the step's "
+                             "micro-batches (KL term excluded)"),
+    "kl": ("nats / token", "k3 estimate of KL(policy || reference), token-weighted mean; 0 "
+                           "when kl_coef is 0"),
+    "clip_fraction": ("fraction", "share of response tokens whose clipped PPO term was the "
+                                  "smaller one"),
+    "grad_norm": ("L2 norm", "largest gradient norm of the step's optimizer steps, before "
+                             "clipping"),
+    "logprob_gap": ("nats", "largest |recomputed - rollout| log-prob over the first "
+                            "mini-batch's tokens, before any update; ~0 because speculative "
+                            "decoding is lossless (a silent SD bug shows here)"),
+}
+
+# name: what it is, and why it is not a TensorBoard scalar
+RECORD_FIELDS: dict[str, str] = {
+    "step": "the step index, from 0: the global step of every scalar above, not a series",
+    "drafter_event": "the watchdog's verdict on the rollout's drafter: \"ok\", \"rolled_back\" "
+                     "or \"sd_disabled\" (text; null without a drafter)",
+    "first_reward_error": "the first reward-function error's message (text; null when none)",
+    "response_lengths": "generated tokens of every sample (a list; TensorBoard gets it as the "
+                        "histogram `response_lengths`)",
+    "trace_time_s": "end of each decode step of the rollout, in seconds (a list: the running-"
+                    "batch plot of the report)",
+    "trace_running": "rows decoding during each of those steps (a list)",
+}
+
+HISTOGRAMS = ("response_lengths",)  # lists of numbers TensorBoard shows as histograms
+JSONL_FILE = "metrics.jsonl"
+TENSORBOARD_EVENTS = "events.out.tfevents.*"  # SummaryWriter's file names
+
+
+def tensorboard_available() -> bool:
+    """Whether torch.utils.tensorboard can write event files (the tensorboard package is
+    installed)."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with Path(path).open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+class MetricsWriter:
+    """Writes a run's step records under `folder`: metrics.jsonl, and TensorBoard event files
+    when `tensorboard` is True.
+
+    history: None starts a fresh run: a previous run's metrics.jsonl and TensorBoard event files
+    in the folder are removed (whether or not this run writes TensorBoard). A resumed run passes
+    its earlier records: they rewrite metrics.jsonl, and TensorBoard hides the events an
+    interrupted attempt wrote at steps >= len(history) (purge_step).
+    enabled: False writes nothing (the ranks other than 0 of a distributed run)."""
+
+    def __init__(self, folder: str | Path, *, tensorboard: bool = False,
+                 history: list[dict] | None = None, enabled: bool = True):
+        self.folder = Path(folder)
+        self.jsonl_path = self.folder / JSONL_FILE
+        self.enabled = enabled
+        self._tensorboard = None
+        if not enabled:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if history is None:  # a previous run's records would mix with this one's
+            self.jsonl_path.unlink(missing_ok=True)
+            for old in self.folder.glob(TENSORBOARD_EVENTS):
+                old.unlink()
+        else:
+            self.jsonl_path.write_text("".join(json.dumps(m) + "\n" for m in history))
+        if tensorboard:
+            if not tensorboard_available():
+                raise ImportError("tensorboard: the package is not installed; pip install "
+                                  "tensorboard (or write metrics.jsonl only)")
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(log_dir=str(self.folder),
+                                              purge_step=len(history) if history else None)
+
+    @property
+    def tensorboard(self) -> bool:
+        return self._tensorboard is not None
+
+    def write(self, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        append_jsonl(self.jsonl_path, metrics)
+        if self._tensorboard is None:
+            return
+        step = metrics["step"]
+        for name in METRICS:
+            value = metrics.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._tensorboard.add_scalar(name, value, step)
+        for name in HISTOGRAMS:
+            if metrics.get(name):
+                self._tensorboard.add_histogram(name, np.asarray(metrics[name]), step)
+        self._tensorboard.flush()  # a live TensorBoard sees every step; Ctrl-C loses none
+
+    def close(self) -> None:
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def render_markdown() -> str:
+    """docs/metrics.md: the tables above, as Markdown."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = [
+        "# Metrics of `tlt train`",
+        "",
+        "Generated from `tlt_core/rl/metrics.py` by `render_markdown()`; a test checks that "
+        "this page, the tables there and what `tlt_core/rl/driver.py` emits agree.",
+        "",
+        "Every GRPO step appends one JSON object to `metrics.jsonl` in the run folder "
+        "(`baseline/metrics.jsonl` for the SD-off run of `--compare`). When the `tensorboard` "
+        "package is installed, the scalars below are also written as TensorBoard scalars with "
+        "the same names, at global step `step`, next to `metrics.jsonl` (`tensorboard --logdir "
+        "runs/tlt-train` shows the TLT run and, with `--compare`, the baseline side by side); "
+        "a null value is not written. In a multi-process run rank 0 writes, and timings, trace "
+        "and speculation counters are rank 0's own, while rewards, lengths and losses cover "
+        "every rank's samples.",
+        "",
+        "## Scalars",
+        "",
+        "| name | unit | meaning |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{name}` | {cell(unit)} | {cell(meaning)} |"
+              for name, (unit, meaning) in METRICS.items()]
+    lines += ["", "## Other fields of a step record", "", "| name | what it is |", "|---|---|"]
+    lines += [f"| `{name}` | {cell(text)} |" for name, text in RECORD_FIELDS.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,140 @@
+"""The spot trainer: drafter training in small, preemptible steps on harvested data.
+
+A worker that went idle in the rollout's tail calls `train_until(should_stop)`; the trainer checks
+`should_stop` before every step, so it yields within one training step of work arriving or the
+rollout ending. Steps are the EAGLE loss of `tlt_core.drafting.training` on batches packed from
+the `HarvestBuffer`. Only the drafter's own tensors are optimised or saved; the target's are
+never touched.
+
+Determinism: the batch of global step s is fixed by the buffer's records, the seed and s alone
+(epoch s // batches, position s % batches, the epoch's order drawn from Random(seed, epoch)), so
+a run resumed from a checkpoint continues exactly as an uninterrupted run would (CPU, same
+buffer).
+
+Checkpoints are asynchronous: the tensors are copied at the call (the only cost on the caller),
+a background thread writes them; `wait()` joins it.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.training import TOKEN_WEIGHT, DraftBatch, make_optimizer, train_step
+from tlt_core.workers.harvest import HarvestBuffer
+
+
+@dataclass(frozen=True)
+class SpotConfig:
+    lr: float = 1e-3
+    batch_tokens: int = 4096  # padded positions per training batch
+    seed: int = 0
+    token_weight: float = TOKEN_WEIGHT  # weight of the EAGLE loss's cross-entropy term
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if self.batch_tokens < 1:
+            raise ValueError(f"batch_tokens: must be >= 1, got {self.batch_tokens}")
+
+
+@dataclass(frozen=True)
+class SpotSession:
+    """What one train_until() call did."""
+
+    steps: int  # training steps taken in this call
+    seconds: float
+    stopped: str  # "signal" (should_stop), "max_steps", or "no_data"
+    last_loss: float | None
+    last_top1: float | None
+
+
+class SpotTrainer:
+    def __init__(self, drafter: Drafter, buffer: HarvestBuffer, config: SpotConfig = SpotConfig()):
+        self.drafter, self.buffer, self.config = drafter, buffer, config
+        self.optimizer = make_optimizer(drafter, config.lr)
+        self.steps = 0  # global steps trained, across calls and resumes
+        self._packing: tuple[int, list[DraftBatch]] | None = None  # (buffer version, batches)
+        self._order: tuple[int, list[int]] | None = None  # (epoch, batch order)
+        self._writer: threading.Thread | None = None
+
+    def train_until(self, should_stop: Callable[[], bool],
+                    max_steps: int | None = None) -> SpotSession:
+        """Trains until should_stop() is true (checked before each step) or max_steps steps."""
+        start, taken, last = time.perf_counter(), 0, None
+        stopped = "max_steps"
+        while max_steps is None or taken < max_steps:
+            if should_stop():
+                stopped = "signal"
+                break
+            batch = self._batch(self.steps)
+            if batch is None:
+                stopped = "no_data"
+                break
+            last = train_step(self.drafter, self.optimizer, batch,
+                              token_weight=self.config.token_weight)
+            self.steps += 1
+            taken += 1
+        return SpotSession(taken, time.perf_counter() - start, stopped,
+                           None if last is None else last["loss"],
+                           None if last is None else last["top1"])
+
+    def _batch(self, step: int) -> DraftBatch | None:
+        if self.buffer.collect() == 0:
+            return None
+        if self._packing is None or self._packing[0] != self.buffer.version:  # new data
+            self._packing = (self.buffer.version, self.buffer.batches(self.config.batch_tokens))
+            self._order = None
+        packed = self._packing[1]
+        epoch, index = divmod(step, len(packed))
+        if self._order is None or self._order[0] != epoch:
+            order = list(range(len(packed)))
+            random.Random(f"{self.config.seed}/{epoch}").shuffle(order)
+            self._order = (epoch, order)
+        return packed[self._order[1][index]]
+
+    # ---- checkpoints -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The trainable tensors, the optimizer state and the step count (copied)."""
+        return {"drafter": {k: v.detach().clone() for k, v in self.drafter.state_dict().items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()), "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drafter.load_state_dict(state["drafter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
+
+    def checkpoint(self, path: str | Path) -> None:
+        """Saves asynchronously: copies now, writes on a background thread (one at a time)."""
+        self.wait()
+        state, path = self.state_dict(), Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def write():
+            partial = path.with_suffix(path.suffix + ".partial")
+            torch.save(state, partial)
+            partial.replace(path)  # a reader never sees a half-written checkpoint
+
+        self._writer = threading.Thread(target=write, name="spot-checkpoint", daemon=True)
+        self._writer.start()
+
+    def wait(self) -> None:
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def resume(self, path: str | Path) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"path: no spot-trainer checkpoint at {path}")
+        self.load_state_dict(torch.load(path, weights_only=True))
+
