@@ -315,10 +315,12 @@ class RolloutEngine:
         ones = torch.ones(batch, dtype=torch.int64, device=self.device)
         view.commit(ones)
         tokens, logprobs = sample_roots(logits, roots, **self.rows.sampling(slice(0, batch)))
-        self._commit(run, _Committed(ones, [1] * batch, tokens[:, None],
-                                     [[token] for token in tokens.tolist()],
-                                     [[logprob] for logprob in logprobs.tolist()], tokens,
-                                     roots[:, None], hidden), drafter_next=False)
+        committed = _Committed(
+            counts=ones, count_list=[1] * batch, emitted=tokens[:, None],
+            emitted_rows=[[token] for token in tokens.tolist()],
+            logprob_rows=[[logprob] for logprob in logprobs.tolist()], last=tokens,
+            fed_tokens=roots[:, None], hidden=hidden)
+        self._commit(run, committed, drafter_next=False)
 
     # ---- the speculative step ----------------------------------------------------------------
 
@@ -386,9 +388,10 @@ class RolloutEngine:
                        for h in out.hidden_states)  # (B, W, H) each
         emitted = verdict.emitted_tokens[:, :width]  # (B, W)
         last = emitted.gather(1, (counts - 1)[:, None])[:, 0]  # (B,)
-        return _Committed(counts, count_list, emitted, emitted.tolist(),
-                          verdict.emitted_logprobs[:, :width].tolist(), last,
-                          tree.tokens.gather(1, path), hidden)
+        return _Committed(
+            counts=counts, count_list=count_list, emitted=emitted, emitted_rows=emitted.tolist(),
+            logprob_rows=verdict.emitted_logprobs[:, :width].tolist(), last=last,
+            fed_tokens=tree.tokens.gather(1, path), hidden=hidden)
 
     # ---- commit, shared by both steps --------------------------------------------------------
 
