@@ -129,7 +129,7 @@ def test_policy_state_round_trips_through_a_checkpoint(target, drafter, tmp_path
     engine.generate(_requests(2, temperature=1.0), policy)
     torch.save(policy.state_dict(), tmp_path / "policy.pt")
     resumed = make()
-    resumed.load_state_dict(torch.load(tmp_path / "policy.pt", weights_only=False))
+    resumed.load_state_dict(torch.load(tmp_path / "policy.pt", weights_only=True))
     assert resumed.switch.state_dict() == policy.switch.state_dict()
     picks = [[p.bandit.select(b) for b in (1, 3, 8, 2, 5)] for p in (policy, resumed)]
     assert picks[0] == picks[1]

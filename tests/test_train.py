@@ -190,3 +190,23 @@ def test_math_verifier_and_failing_reward_functions():
     assert [s.reward for s in scored] == [1.0, 0.0, 0.0]
     assert scored[0].error is None and "parser crashed" in scored[1].error
     assert "nan" in scored[2].error
+
+
+class _Payload:
+    """Unpickling this would call a constructor: what a weights-only load must refuse."""
+
+
+def test_nothing_loaded_runs_code(tmp_path):
+    """A checkpoint that holds an arbitrary object is refused with a clear error, by resume
+    and by `tlt export --run` alike; a real checkpoint loads weights-only."""
+    driver = make(small(steps=1))
+    driver.step()
+    driver.save(tmp_path / "run" / "checkpoint.pt")
+    make(small(steps=1)).resume(tmp_path / "run" / "checkpoint.pt")
+    torch.save({"step": 1, "payload": _Payload()}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="checkpoint: .* refused"):
+        make(small(steps=1)).resume(tmp_path / "bad.pt")
+    from tests.test_export import _cli
+
+    with pytest.raises(SystemExit, match="--run: checkpoint: .* refused"):
+        _cli(["drafter", "--to", "eagle", str(tmp_path / "out"), "--run", str(tmp_path / "bad.pt")])

@@ -20,7 +20,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
 
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, exportable
@@ -30,6 +29,7 @@ from tlt_core.embedded.workload import load_embedded
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import load_checkpoint
+from tlt_core.rl.driver import read_checkpoint
 
 ACCEPTANCE_PROBLEMS, ACCEPTANCE_SEED = 16, 4242  # held out: training and benches use others
 
@@ -177,7 +177,10 @@ def _read_run(folder: Path) -> tuple[Path, dict]:
     if not path.is_file():
         raise SystemExit(f"tlt export: --run: no checkpoint.pt in {folder}; is it a `tlt train` "
                          "--out folder?")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state = read_checkpoint(path)
+    except ValueError as error:
+        raise SystemExit(f"tlt export: --run: {error}") from None
     if "drafter" not in state:
         raise SystemExit(f"tlt export: --run: {path} has no drafter (a run with --no-tlt, or "
                          "with a checkpoint and no --drafter, trains none)")

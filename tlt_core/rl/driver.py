@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import pickle
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -342,7 +343,18 @@ class GRPODriver:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"resume: no checkpoint at {path}")
-        self.load_state_dict(torch.load(path, weights_only=False))
+        self.load_state_dict(read_checkpoint(path))
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """A checkpoint written by GRPODriver.save, read with torch's weights-only unpickler:
+    tensors and plain data only, so loading a file can never run code from it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"checkpoint: {path} holds objects other than tensors and plain data, "
+                         f"which are refused (unpickling them could run code): "
+                         f"{str(error).splitlines()[0]}") from None
 
 
 def _micro_batches(rollouts, indices: list[int], budget: int) -> list[list[int]]:
