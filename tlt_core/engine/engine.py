@@ -67,6 +67,9 @@ class EngineConfig:
     # "eager" runs the drafter after every such step. Same drafts either way (DrafterRows).
     drafter_sync: str = "lazy"
     draft_backlog: int = 128
+    # Prefill's token budget: samples are admitted together while their padded prompts fit it,
+    # and prefilled in chunks of at most this many tokens (a prompt of any length fits).
+    prefill_tokens: int = 8192
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -77,6 +80,8 @@ class EngineConfig:
             raise ValueError(f"spec_reserve: must be >= 2, got {self.spec_reserve}")
         if self.drafter_sync not in SYNCS:
             raise ValueError(f"drafter_sync: must be 'lazy' or 'eager', got {self.drafter_sync!r}")
+        if not isinstance(self.prefill_tokens, int) or self.prefill_tokens < 1:
+            raise ValueError(f"prefill_tokens: must be an int >= 1, got {self.prefill_tokens!r}")
         if self.draft_backlog < self.spec_reserve:
             raise ValueError(f"draft_backlog: must be >= spec_reserve ({self.spec_reserve}), "
                              f"got {self.draft_backlog}")
@@ -233,11 +238,19 @@ class RolloutEngine:
 
     def _admit(self, run: _Run) -> None:
         """Admit waiting samples into the free rows after the running block: prefill their
-        prompts in one batched pass (right-padded; padding sits after each prompt, so causal
-        attention never lets a prompt token see it) and sample their first tokens."""
+        prompts batched (right-padded; padding sits after each prompt, so causal attention
+        never lets a prompt token see it) and sample their first tokens. A call admits
+        samples while their padded prompts fit `prefill_tokens` (at least one), and prefills
+        them in column chunks of at most that many tokens, so no prompt length can exhaust
+        memory; only each row's last position gets logits."""
         admitted: list[_Sample] = []
+        longest = 0
         while run.waiting and len(run.running) + len(admitted) < self.config.max_batch:
+            longest_if = max(longest, len(run.waiting[0].prompt_ids))
+            if admitted and longest_if * (len(admitted) + 1) > self.config.prefill_tokens:
+                break
             admitted.append(run.waiting.popleft())
+            longest = longest_if
         if not admitted:
             return
         first_row, count, now = len(run.running), len(admitted), run.clock()
@@ -252,13 +265,11 @@ class RolloutEngine:
             self.rows.admit(first_row + row, sample.seed, sample.params)
         prompts = prompts.to(device)
         prompt_lens = torch.tensor(lengths, device=device)  # (B_new,)
-        positions = torch.arange(prompts.shape[1], device=device).expand_as(prompts)  # (B_new, T)
-        out = self.model.step(prompts, positions, view, hidden_layers=run.hidden_layers)
+        out = self._prefill(prompts, prompt_lens, view, run.hidden_layers)
         self._harvest(run, admitted, prompts, out.hidden_states, lengths)
-        view.commit(prompt_lens)
         rows = slice(first_row, first_row + count)
         last_index = torch.arange(count, device=device), prompt_lens - 1
-        tokens, logprobs = sample_roots(out.logits[last_index], prompts[last_index],
+        tokens, logprobs = sample_roots(out.logits[:, 0], prompts[last_index],
                                         **self.rows.sampling(rows))
         if run.drafting:  # pairs (f_t, x_{t+1}): the prompt shifted by one, then the new token
             # (prompts go to the drafter at once: one batched pass, not worth a backlog)
@@ -272,6 +283,35 @@ class RolloutEngine:
             self._append(sample, [token], [logprob], 1)
         run.running.extend(admitted)
         self._retire(run)  # a stop id or max_tokens = 1
+
+    def _prefill(self, prompts: torch.Tensor, prompt_lens: torch.Tensor, view: KVCache,
+                 hidden_layers: tuple[int, ...]) -> ModelOutput:
+        """prompts (B_new, T) right-padded into the empty rows `view`, in column chunks of at
+        most prefill_tokens / B_new; returns each row's last-position logits (B_new, 1, V)
+        and the requested layers' (B_new, T, H) outputs, and commits prompt_lens.
+
+        Every chunk commits its full width for every row: a row whose prompt ended earlier
+        writes padding past its length, which only its own later padding sees (causal), and
+        the final commit sets each row's length to its prompt's."""
+        count, width = prompts.shape
+        chunk = max(1, self.config.prefill_tokens // count)
+        last = prompt_lens - 1  # (B_new,)
+        logits = None
+        hidden: list[list[torch.Tensor]] = [[] for _ in hidden_layers]
+        for start in range(0, width, chunk):
+            stop = min(width, start + chunk)
+            positions = torch.arange(start, stop, device=prompts.device).expand(count, -1)
+            # logits at each row's last prompt position if this chunk holds it, else anywhere
+            at = (last.clamp(start, stop - 1) - start)[:, None]  # (B_new, 1)
+            out = self.model.step(prompts[:, start:stop], positions, view,
+                                  hidden_layers=hidden_layers, logit_index=at)
+            ends_here = ((last >= start) & (last < stop))[:, None, None]  # (B_new, 1, 1)
+            logits = out.logits if logits is None else torch.where(ends_here, out.logits, logits)
+            for saved, layer in zip(hidden, out.hidden_states):
+                saved.append(layer)
+            view.commit(torch.full_like(prompt_lens, stop - start))
+        view.lengths.copy_(prompt_lens)
+        return ModelOutput(logits, tuple(torch.cat(parts, dim=1) for parts in hidden))
 
     def _step(self, run: _Run) -> None:
         """One decode step over the running rows, with the plan the policy chose for their

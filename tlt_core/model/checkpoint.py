@@ -57,6 +57,8 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32,
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     model.model.rotary_emb.inv_freq = rope_inv_freq(config, device)  # the one tensor not stored
+    if torch.device(device).type != "cpu":  # the views layout there: fused, never copied
+        model.fuse_projections_()
     return model.eval()
 
 
@@ -69,12 +71,20 @@ def save_checkpoint(model: Transformer, path: str | Path, *,
     config = model.config.to_hf_config()
     config["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
     config.update(extra_config or {})
-    state = {name: tensor.detach().to("cpu").contiguous()
+    state = {name: _own_storage(tensor.detach().to("cpu"))
              for name, tensor in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         del state["lm_head.weight"]
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def _own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor, copied when it is a view into a larger storage (fused projections): safetensors
+    refuses tensors that share memory."""
+    if tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.nbytes:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def _read_tensors(file: Path, names: list[str] | None, expected: dict[str, tuple[int, ...]],

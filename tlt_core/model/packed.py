@@ -3,18 +3,20 @@ over weights packed for it.
 
 Decoding a small model on a CPU is bound by per-op dispatch (5-10 us an op), not arithmetic, so
 this pass spends the fewest ops per layer that compute what `Transformer.forward` computes: q, k
-and v from one matmul, gate and up from one, both residual adds folded into `addmm`, float32 RMSNorm weights folded into the matmul after them (the norm itself is then
-`x * rsqrt(|x|^2 / H + eps)`, four cheap ops where `F.rms_norm` dispatches seven), RoPE for q and
-k together as `x * cos + roll(x, d/2) * sin_signed`, K and V written with
-one indexed store, and no attention mask when every row has the same length (a batch of one
-always does).
+and v from one matmul, gate and up from one, RoPE for q and k together as
+`x * cos + roll(x, d/2) * sin_signed`, K and V written with one indexed store, and no attention
+mask when every row has the same length (a batch of one always does). In the float32 "fold"
+layout the residual adds ride in `addmm` and the RMSNorm weights are folded into the matmul
+after them (the norm is then `x * rsqrt(|x|^2 / H + eps)`, four cheap ops where `F.rms_norm`
+dispatches seven).
 
-The packed weights are transposed, concatenated copies of the model's parameters. The parameters
-stay the one source of truth: the pack is rebuilt whenever any of them changed (a tensor's storage
-and version counter identify its contents), so an optimizer step, a load_state_dict or a .to()
-is seen by the next pass without anyone calling a refresh. The price is one extra copy of the
-decoder layers' weights (the embedding and LM head are used in place). The pack holds no autograd
-history: the packed pass is for inference.
+How the weights are held is a layout (tlt_core.model.weight_layout): copies made for speed
+("fold", "onednn"; the copy is at most a quarter of the machine's memory) or the parameters
+themselves ("views", no copy). The parameters stay the one source of truth: a copy is rebuilt
+whenever any of them changed (a tensor's storage and version counter identify its contents), so
+an optimizer step, a load_state_dict or a .to() is seen by the next pass without anyone calling
+a refresh. The pack holds no autograd history: the packed pass is for inference. Logits are
+computed only at the positions a caller asks for (prefill needs each row's last).
 
 The drafter runs its one layer through the same code (PackedLayers, run_layers).
 
@@ -32,18 +34,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
+from tlt_core.model.weight_layout import choose_layout, matmul, pack_matrix
 
 
 @dataclass(frozen=True)
 class PackedLayer:
-    qkv: torch.Tensor  # (H, (H_q + 2 H_kv) d): [q | k | v] projections, transposed
+    """One decoder layer's weights in a weight layout (tlt_core.model.weight_layout). A joined
+    matrix is one packed tensor, or (views layout, parameters not adjacent) the parts' tuple."""
+
+    layout: str
+    qkv: torch.Tensor | tuple[torch.Tensor, ...]  # [q | k | v] projections, (H_q + 2 H_kv) d out
     qkv_bias: torch.Tensor | None  # ((H_q + 2 H_kv) d,)
-    o: torch.Tensor  # (H_q d, H)
+    o: torch.Tensor  # H_q d -> H
     o_bias: torch.Tensor | None  # (H,)
-    gate_up: torch.Tensor  # (H, 2 I): [gate | up], transposed
-    down: torch.Tensor  # (I, H)
+    gate_up: torch.Tensor | tuple[torch.Tensor, ...]  # [gate | up], 2 I out
+    down: torch.Tensor  # I -> H
     qk_norm: torch.Tensor | None  # (H_q + H_kv, d): q_norm's weight per q head, k_norm's per k head
-    # None when folded into qkv / gate_up (float32 weights); else the layer's own RMSNorm, which
+    # None when folded into qkv / gate_up (fold layout); else the layer's own RMSNorm, which
     # normalises in float32 whatever the weights' dtype, as transformers does. A layer without
     # an input norm (nn.Identity: the EAGLE-1 drafter) keeps its Identity here: no
     # normalisation at all.
@@ -51,38 +58,68 @@ class PackedLayer:
     post_attention_norm: nn.Module | None
 
 
-def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int) -> PackedLayer:
+def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int, layout: str) -> PackedLayer:
     attn, mlp = layer.self_attn, layer.mlp
-    fold = attn.q_proj.weight.dtype == torch.float32
+    fold = layout == "fold"
     no_input_norm = isinstance(layer.input_layernorm, nn.Identity)
     # rms_norm(x) * w @ W.T == (x * rsqrt(...)) @ (W * w).T: the norm's weight scales W's inputs
-    input_scale = layer.input_layernorm.weight if fold and not no_input_norm else 1.0
-    post_scale = layer.post_attention_layernorm.weight if fold else 1.0
-    qkv = (torch.cat((attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight))
-           * input_scale).t()
+    input_scale = layer.input_layernorm.weight if fold and not no_input_norm else None
+    post_scale = layer.post_attention_layernorm.weight if fold else None
     qkv_bias = None
     if attn.q_proj.bias is not None:
-        qkv_bias = torch.cat((attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias))
+        qkv_bias = _adjacent((attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias))
+        if qkv_bias is None:
+            qkv_bias = torch.cat((attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias))
     qk_norm = None
     if attn.qk_norm:
         qk_norm = torch.cat((attn.q_norm.weight.expand(num_heads, -1),
                              attn.k_norm.weight.expand(num_kv_heads, -1)))
     return PackedLayer(
-        qkv=qkv.contiguous(), qkv_bias=qkv_bias, o=attn.o_proj.weight.t().contiguous(),
+        layout=layout,
+        qkv=_joined((attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight), input_scale,
+                    layout),
+        qkv_bias=qkv_bias, o=pack_matrix(attn.o_proj.weight, layout),
         o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.clone(),
-        gate_up=(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)) * post_scale
-                 ).t().contiguous(),
-        down=mlp.down_proj.weight.t().contiguous(), qk_norm=qk_norm,
+        gate_up=_joined((mlp.gate_proj.weight, mlp.up_proj.weight), post_scale, layout),
+        down=pack_matrix(mlp.down_proj.weight, layout), qk_norm=qk_norm,
         input_norm=layer.input_layernorm if no_input_norm or not fold else None,
         post_attention_norm=None if fold else layer.post_attention_layernorm)
+
+
+def _joined(weights: tuple[torch.Tensor, ...], scale: torch.Tensor | None, layout: str
+            ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The (out, in) matrices stacked along out, in `layout` (scale: a folded norm weight)."""
+    if layout == "views":
+        fused = _adjacent(weights)
+        return weights if fused is None else fused
+    stacked = torch.cat(weights)
+    return pack_matrix(stacked if scale is None else stacked * scale, layout)
+
+
+def _adjacent(parts: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+    """parts stacked along dim 0 as a view, when they already lie back to back in one storage
+    (Transformer.fuse_projections_); else None."""
+    first = parts[0]
+    offset = first.storage_offset()
+    for part in parts:
+        if (not part.is_contiguous() or part.shape[1:] != first.shape[1:]
+                or part.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or part.storage_offset() != offset):
+            return None
+        offset += part.numel()
+    rows = sum(part.shape[0] for part in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
 
 
 class PackedLayers:
     """Packed copies of decoder layers, rebuilt when any of their parameters changed."""
 
-    def __init__(self, layers: Callable[[], Sequence[nn.Module]], config):
+    def __init__(self, layers: Callable[[], Sequence[nn.Module]], config,
+                 layout: Callable[[], str] = lambda: "auto"):
         self.layers_of = layers  # called on refresh: the modules may be replaced (assign=True)
         self.config = config
+        self.requested_layout = layout  # called on refresh: the owner's current request
+        self.layout = "views"
         self.packed: list[PackedLayer] = []
         # Where each layer parameter lives ((module._parameters, name)) and what it held when
         # packed: reading them back per pass costs ~10 us, walking parameters() ~500 us.
@@ -107,7 +144,7 @@ class PackedLayers:
 
     def _key(self) -> tuple:
         return tuple((params[name].data_ptr(), params[name]._version)
-                     for params, name in self.sources)
+                     for params, name in self.sources) + (self.requested_layout(),)
 
     def get(self) -> list[PackedLayer]:
         if self.sources and self._key() == self.key:
@@ -115,12 +152,30 @@ class PackedLayers:
         config, layers = self.config, list(self.layers_of())
         self.sources = [(module._parameters, name) for layer in layers for module in layer.modules()
                         for name, param in module._parameters.items() if param is not None]
-        self.eps = torch.tensor(config.rms_norm_eps, device=layers[0].mlp.down_proj.weight.device)
+        weight = layers[0].mlp.down_proj.weight
+        copy_bytes = sum(params[name].nbytes for params, name in self.sources)
+        self.layout = choose_layout(self.requested_layout(), weight.dtype, weight.device,
+                                    copy_bytes)
+        self.eps = torch.tensor(config.rms_norm_eps, device=weight.device)
+        self.packed = []  # the old pack is freed before the new one is built
         with torch.no_grad():
-            self.packed = [_pack_layer(layer, config.num_heads, config.num_kv_heads)
+            self.packed = [_pack_layer(layer, config.num_heads, config.num_kv_heads, self.layout)
                            for layer in layers]
         self.key = self._key()
         return self.packed
+
+    def copy_bytes(self) -> int:
+        """Memory the pack takes beyond the parameters (0 for the views layout)."""
+        if self.layout == "views":
+            return 0
+        return sum(_nbytes(getattr(packed, name)) for packed in self.packed
+                   for name in ("qkv", "o", "gate_up", "down"))
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    if tensor.layout == torch._mkldnn:  # opaque: its element count is the logical one
+        return tensor.numel() * tensor.element_size()
+    return tensor.nbytes
 
 
 def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None,
@@ -162,11 +217,14 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
     cache_dtype = cache_layers[0].dtype
     same_dtype = cache_dtype == h.dtype  # skip .to() calls: each costs a dispatch
+    # The CPU's fused attention kernel is fast in float32 but slow in bf16/fp16 at decoding
+    # shapes (10-50x the matmul form below, measured at SmolLM2's): use it where it is fast.
+    fused_attention = h.dtype == torch.float32 or h.device.type != "cpu"
     saved = {}
     for index, packed in enumerate(layers.get()):
+        layout = packed.layout
         x = _norm(h, packed.input_norm, layers.eps)  # (B T, H)
-        qkv = (torch.mm(x, packed.qkv) if packed.qkv_bias is None
-               else torch.addmm(packed.qkv_bias, x, packed.qkv))
+        qkv = _joined_matmul(x, packed.qkv, layout, packed.qkv_bias)  # (B T, (H_q + 2 H_kv) d)
         qkv = qkv.view(B, T, H_q + 2 * H_kv, d)
         qk = qkv[:, :, :H_q + H_kv]  # (B, T, H_q + H_kv, d)
         if packed.qk_norm is not None:
@@ -181,18 +239,53 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
         keys, values = layer_kv[0, :, :, :plan.read_len], layer_kv[1, :, :, :plan.read_len]
         if not same_dtype:
             keys, values = keys.to(h.dtype), values.to(h.dtype)
-        out = F.scaled_dot_product_attention(
-            qkv[:, :, :H_q].transpose(1, 2), keys, values, attn_mask=plan.mask,
-            enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
-        h = torch.addmm(h, out.transpose(1, 2).reshape(B * T, H_q * d), packed.o)  # + o_proj
-        if packed.o_bias is not None:
-            h = h + packed.o_bias
-        gate_up = torch.mm(_norm(h, packed.post_attention_norm, layers.eps), packed.gate_up)
+        q = qkv[:, :, :H_q].transpose(1, 2)  # (B, H_q, T, d)
+        if fused_attention:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask,
+                                                 enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
+        else:
+            out = _matmul_attention(q, keys, values, plan.mask)  # (B, H_q, T, d)
+        out = out.transpose(1, 2).reshape(B * T, H_q * d)
+        if layout == "fold":  # + o_proj folded into the residual add
+            h = torch.addmm(h, out, packed.o)
+            if packed.o_bias is not None:
+                h = h + packed.o_bias
+        else:
+            h = h + matmul(out, packed.o, layout, packed.o_bias)
+        gate_up = _joined_matmul(_norm(h, packed.post_attention_norm, layers.eps),
+                                 packed.gate_up, layout)
         gate, up = gate_up.chunk(2, dim=-1)  # (B T, I) each
-        h = torch.addmm(h, F.silu(gate) * up, packed.down)  # residual + SwiGLU MLP
+        if layout == "fold":  # residual + SwiGLU MLP
+            h = torch.addmm(h, F.silu(gate) * up, packed.down)
+        else:
+            h = h + matmul(F.silu(gate) * up, packed.down, layout)
         if index in hidden_layers:
             saved[index] = h.view(B, T, -1)
     return h, saved
+
+
+def _joined_matmul(x: torch.Tensor, weights: torch.Tensor | tuple[torch.Tensor, ...],
+                   layout: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(weights, tuple):  # views of parameters that are not adjacent: one matmul each
+        out = torch.cat([F.linear(x, weight) for weight in weights], dim=-1)
+        return out if bias is None else out + bias
+    return matmul(x, weights, layout, bias)
+
+
+def _matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor | None) -> torch.Tensor:
+    """scaled_dot_product_attention(q, keys, values, mask, enable_gqa=True) as two batched
+    matmuls: q (B, H_q, T, d); keys, values (B, H_kv, S, d); mask None or bool (B | 1, 1, T, S).
+    Scores in the weights' dtype, softmax in float32. q head h reads kv head h // G."""
+    B, H_q, T, d = q.shape
+    H_kv, S = keys.shape[1], keys.shape[2]
+    G = H_q // H_kv
+    grouped = (q * d ** -0.5).reshape(B, H_kv, G * T, d)  # (B, H_kv, G T, d)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2))  # (B, H_kv, G T, S)
+    if mask is not None:
+        scores = scores.view(B, H_kv, G, T, S).masked_fill(~mask[:, :, None], float("-inf"))
+    probs = torch.softmax(scores.view(B, H_kv, G * T, S), dim=-1, dtype=torch.float32)
+    return torch.matmul(probs.to(q.dtype), values).view(B, H_q, T, d)  # (B, H_q, T, d)
 
 
 def _norm(h: torch.Tensor, norm: nn.Module | None, eps: torch.Tensor) -> torch.Tensor:
@@ -205,18 +298,39 @@ def _norm(h: torch.Tensor, norm: nn.Module | None, eps: torch.Tensor) -> torch.T
 
 
 class PackedDecoder:
-    """Transformer.step: the target's inference pass over its packed layers."""
+    """Transformer.step: the target's inference pass over its packed layers (and, in a copying
+    layout, a packed LM head)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.layers = PackedLayers(lambda: model.model.layers, model.config)
+        self.layers = PackedLayers(lambda: model.model.layers, model.config,
+                                   lambda: model.inference_layout)
+        self.head: tuple[tuple, torch.Tensor] | None = None  # (key, packed lm_head weight)
+
+    def _head(self, layout: str) -> torch.Tensor:
+        weight = self.model.lm_head.weight
+        if layout == "fold":  # F.linear on the parameter: no transposed copy of the head
+            return weight
+        key = (weight.data_ptr(), weight._version, layout)
+        if self.head is None or self.head[0] != key:
+            self.head = None
+            with torch.no_grad():
+                self.head = (key, pack_matrix(weight, layout))
+        return self.head[1]
+
+    def copy_bytes(self) -> int:
+        """Memory the packed copies take beyond the parameters."""
+        head = 0 if self.head is None or self.layers.layout == "views" else _nbytes(self.head[1])
+        return self.layers.copy_bytes() + head
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
-                 tree_mask: torch.Tensor | None, hidden_layers: list[int], static: bool = False
+                 tree_mask: torch.Tensor | None, hidden_layers: list[int], static: bool = False,
+                 logit_index: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Transformer.forward with a cache, for inference: input_ids, positions (B, T) int64;
-        returns logits (B, T, V) float32 and the (B, T, H) outputs of `hidden_layers`
-        (non-negative indices). Inputs are checked by the Transformer."""
+        returns logits (B, T, V) float32 — or (B, P, V) at logit_index (B, P), the positions
+        whose next-token logits the caller uses — and the (B, T, H) outputs of
+        `hidden_layers` (non-negative indices). Inputs are checked by the Transformer."""
         model, stack = self.model, self.model.model
         B, T = input_ids.shape
         plan = plan_for(input_ids, cache, tree_mask, static)
@@ -224,5 +338,10 @@ class PackedDecoder:
         cache_layers = [cache.data[i] for i in range(model.config.num_layers)]
         h, saved = run_layers(self.layers, h, positions, stack.rotary_emb, cache_layers, plan,
                               hidden_layers)
-        logits = F.linear(stack.norm.forward(h), model.lm_head.weight).float()  # (B T, V)
-        return logits.view(B, T, -1), tuple(saved[index] for index in hidden_layers)
+        if logit_index is not None:  # only the positions used: (B P, H) instead of (B T, H)
+            rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
+            h = h.view(B, T, -1)[rows, logit_index].reshape(-1, h.shape[-1])
+        layout = self.layers.layout
+        logits = matmul(stack.norm.forward(h), self._head(layout),
+                        "views" if layout == "fold" else layout).float()  # (B T | B P, V)
+        return logits.view(B, -1, logits.shape[-1]), tuple(saved[i] for i in hidden_layers)

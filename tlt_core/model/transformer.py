@@ -280,6 +280,17 @@ class Attention(nn.Module):
         return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
 
 
+def _fuse_parameters(modules: list[nn.Module], name: str) -> None:
+    parts = [getattr(module, name) for module in modules]
+    fused = torch.cat([part.detach() for part in parts])  # the group's one storage
+    start = 0
+    for module, part in zip(modules, parts):
+        rows = part.shape[0]
+        setattr(module, name, nn.Parameter(fused[start:start + rows],
+                                           requires_grad=part.requires_grad))
+        start += rows
+
+
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, layer.weight, layer.bias)
 
@@ -329,6 +340,9 @@ class Transformer(nn.Module):
         self.model = DecoderStack(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        # How Transformer.step holds the weights (tlt_core.model.weight_layout.LAYOUTS):
+        # "auto" picks per dtype and device; set it to force one.
+        self.inference_layout = "auto"
         self._decoder = PackedDecoder(self)
 
     def tie_weights(self) -> None:
@@ -358,16 +372,40 @@ class Transformer(nn.Module):
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
              tree_mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = (),
-             static: bool = False) -> ModelOutput:
+             static: bool = False, logit_index: torch.Tensor | None = None) -> ModelOutput:
         """forward() with a cache, for inference (no autograd through the weights): the same
         contract and results (tests hold it to forward), in the fewest ops per layer
         (tlt_core.model.packed), since a small model's inference is bound by per-op overhead.
         Prefill, decoding and tree verification all go through here. static: fixed shapes,
-        no host sync, no room check (the caller's): capturable in a CUDA graph."""
+        no host sync, no room check (the caller's): capturable in a CUDA graph. logit_index
+        (B, P) int64: logits only at those positions, (B, P, V) (at a real vocabulary, logits
+        at every prompt position are most of prefill's memory)."""
         self._check_inputs(input_ids, positions, cache, tree_mask)
+        if logit_index is not None and (logit_index.dim() != 2 or logit_index.dtype != torch.int64
+                                        or logit_index.shape[0] != input_ids.shape[0]):
+            raise ValueError(f"logit_index: expected ({input_ids.shape[0]}, P) int64, got "
+                             f"{tuple(logit_index.shape)} {logit_index.dtype}")
         wanted = [self._layer_index(i) for i in hidden_layers]
-        logits, hidden = self._decoder(input_ids, positions, cache, tree_mask, wanted, static)
+        logits, hidden = self._decoder(input_ids, positions, cache, tree_mask, wanted, static,
+                                       logit_index)
         return ModelOutput(logits, hidden)
+
+    def inference_copy_bytes(self) -> int:
+        """Memory `step`'s packed weights take beyond the parameters (0 in the views layout)."""
+        return self._decoder.copy_bytes()
+
+    def fuse_projections_(self) -> None:
+        """Re-lays each layer's q|k|v and gate|up parameters (and q|k|v biases) as adjacent
+        views of one tensor, values unchanged: the packed pass's views layout then multiplies
+        each group as one matrix without copying it. Undone by anything that replaces the
+        parameters one by one (.to(), load_state_dict(assign=True)); harmless then."""
+        with torch.no_grad():
+            for layer in self.model.layers:
+                attn = layer.self_attn
+                _fuse_parameters([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
+                if attn.q_proj.bias is not None:
+                    _fuse_parameters([attn.q_proj, attn.k_proj, attn.v_proj], "bias")
+                _fuse_parameters([layer.mlp.gate_proj, layer.mlp.up_proj], "weight")
 
     def next_token_logits(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One token per row: row b's token at position cache.lengths[b], written to that slot.

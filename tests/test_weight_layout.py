@@ -1,0 +1,159 @@
+"""The packed inference pass in every weight layout (tlt_core.model.weight_layout) computes what
+`Transformer.forward` computes ("cache truth" per layout), copies only where the layout says,
+and the memory-bounding parts of prefill (logits at the used positions, chunked prefill) change
+nothing the engine emits.
+"""
+
+import pytest
+import torch
+
+import tlt_core.model.weight_layout as weight_layout
+from tlt_core.engine.engine import EngineConfig, RolloutEngine
+from tlt_core.engine.records import Request, SamplingParams
+from tlt_core.model.kv_cache import CacheShape, KVCache
+from tlt_core.model.transformer import ModelConfig, Transformer
+
+CASES = [("fold", torch.float32), ("views", torch.float32), ("views", torch.bfloat16)]
+if weight_layout.onednn_available():
+    CASES.append(("onednn", torch.bfloat16))
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.03}  # of the logits' largest magnitude
+
+
+def model_of(family: str, dtype: torch.dtype, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    extra = {"qwen2": dict(attention_bias=True), "qwen3": dict(qk_norm=True)}.get(family, {})
+    model = Transformer(ModelConfig(family=family, vocab_size=97, hidden_size=64,
+                                    intermediate_size=96, num_layers=2, num_heads=4,
+                                    num_kv_heads=2, head_dim=16, **extra))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    return model.to(dtype).eval()
+
+
+def step_and_forward(model: Transformer, dtype: torch.dtype):
+    """Logits of a ragged prefill and three decode steps through `step`, and the same
+    positions recomputed by forward without a cache."""
+    c, g = model.config, torch.Generator().manual_seed(3)
+    lengths = torch.tensor([5, 9])
+    rows = torch.randint(0, c.vocab_size, (2, 12), generator=g)
+    cache = KVCache(CacheShape(c.num_layers, 2, c.num_kv_heads, 32, c.head_dim), dtype=dtype)
+    with torch.no_grad():
+        prefill = model.step(rows[:, :9], torch.arange(9).expand(2, -1), cache,
+                             logit_index=(lengths - 1)[:, None])
+        cache.commit(lengths)
+        got = [prefill.logits[:, 0]]
+        for step in range(3):
+            tokens = rows[torch.arange(2), lengths + step]
+            got.append(model.next_token_logits(tokens, cache))
+            cache.commit(torch.ones(2, dtype=torch.int64))
+        expected = []
+        for b in range(2):
+            n = int(lengths[b])
+            full = model(rows[b:b + 1, :n + 3], torch.arange(n + 3)[None]).logits[0]  # (T, V)
+            expected.append(full[n - 1:n + 3])
+    return torch.stack(got, dim=1), torch.stack(expected)  # (2, 4, V) each
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("layout,dtype", CASES)
+def test_step_equals_forward_in_every_layout(family, layout, dtype):
+    model = model_of(family, dtype)
+    model.inference_layout = layout
+    got, expected = step_and_forward(model, dtype)
+    assert model._decoder.layers.layout == layout
+    assert (got - expected).abs().max() <= TOLERANCE[dtype] * expected.abs().max()
+
+
+def test_views_layout_copies_nothing_and_uses_fused_parameters():
+    model = model_of("qwen2", torch.float32)
+    model.inference_layout = "views"
+    unfused, _ = step_and_forward(model, torch.float32)
+    assert isinstance(model._decoder.layers.packed[0].qkv, tuple)  # three matmuls, no copy
+    model.fuse_projections_()
+    fused, expected = step_and_forward(model, torch.float32)
+    packed = model._decoder.layers.packed[0]
+    attn = model.model.layers[0].self_attn
+    assert packed.qkv.data_ptr() == attn.q_proj.weight.data_ptr()  # a view, not a copy
+    assert packed.qkv_bias.data_ptr() == attn.q_proj.bias.data_ptr()
+    assert model.inference_copy_bytes() == 0
+    assert (fused - unfused).abs().max() <= 1e-5
+    assert (fused - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+def test_fused_parameters_train_and_save_like_separate_ones(tmp_path):
+    from tlt_core.model.checkpoint import load_checkpoint, save_checkpoint
+
+    model = model_of("llama", torch.float32)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    model.fuse_projections_()
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 97, (1, 6))
+    model(ids, torch.arange(6)[None]).logits.sum().backward()
+    optimizer.step()
+    attn = model.model.layers[0].self_attn
+    assert attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + \
+        attn.q_proj.weight.nbytes  # still adjacent after the in-place update
+    save_checkpoint(model, tmp_path)  # safetensors refuses shared storage: must not raise
+    again = load_checkpoint(tmp_path)
+    assert all(torch.equal(model.state_dict()[name], tensor)
+               for name, tensor in again.state_dict().items())
+
+
+def test_copy_over_the_memory_budget_falls_back_to_views(monkeypatch):
+    model = model_of("llama", torch.float32)
+    monkeypatch.setattr(weight_layout, "physical_memory_bytes", lambda: 1000)
+    step_and_forward(model, torch.float32)
+    assert model._decoder.layers.layout == "views" and model.inference_copy_bytes() == 0
+    monkeypatch.setattr(weight_layout, "physical_memory_bytes", lambda: 1 << 40)
+    model = model_of("llama", torch.float32)
+    step_and_forward(model, torch.float32)
+    assert model._decoder.layers.layout == "fold" and model.inference_copy_bytes() > 0
+
+
+@pytest.mark.skipif(not weight_layout.onednn_available(), reason="torch without oneDNN")
+def test_onednn_pack_follows_weight_updates():
+    model = model_of("qwen3", torch.bfloat16)
+    before, _ = step_and_forward(model, torch.bfloat16)
+    assert model._decoder.layers.layout == "onednn"
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(3.0)
+        model.lm_head.weight.mul_(0.5)
+    after, expected = step_and_forward(model, torch.bfloat16)
+    assert (after - before).abs().max() > 0.01
+    assert (after - expected).abs().max() <= TOLERANCE[torch.bfloat16] * expected.abs().max()
+
+
+def test_layout_errors_name_the_field():
+    model = model_of("llama", torch.bfloat16)
+    model.inference_layout = "fold"
+    with pytest.raises(ValueError, match="inference_layout"):
+        step_and_forward(model, torch.bfloat16)
+    model.inference_layout = "packed"
+    with pytest.raises(ValueError, match="inference_layout"):
+        step_and_forward(model, torch.bfloat16)
+    with pytest.raises(ValueError, match="logit_index"):
+        cache = KVCache(CacheShape(2, 1, 2, 8, 16), dtype=torch.bfloat16)
+        model.step(torch.zeros(1, 2, dtype=torch.int64), torch.arange(2)[None], cache,
+                   logit_index=torch.zeros(2, dtype=torch.int64))
+
+
+def test_chunked_prefill_emits_what_one_pass_emits():
+    """A prefill budget far below the prompts' lengths (chunks of a few tokens, one sample
+    admitted at a time) leaves the greedy tokens and their logprobs as they were."""
+    model = model_of("qwen2", torch.float32, seed=1)
+    g = torch.Generator().manual_seed(0)
+    requests = [Request(torch.randint(0, 97, (n,), generator=g).tolist(),
+                        SamplingParams(temperature=0.0, max_tokens=6)) for n in (3, 17, 9, 30)]
+    results = {}
+    for budget in (8192, 5):
+        engine = RolloutEngine(model, EngineConfig(max_batch=4, max_len=64,
+                                                   prefill_tokens=budget))
+        results[budget] = engine.generate(requests).rollouts
+    for one_pass, chunked in zip(results[8192], results[5]):
+        assert torch.equal(one_pass.tokens, chunked.tokens)
+        assert torch.allclose(one_pass.logprobs, chunked.logprobs,
+                              atol=1e-5)
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        EngineConfig(prefill_tokens=0)

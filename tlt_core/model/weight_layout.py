@@ -1,0 +1,85 @@
+"""How the packed inference pass (`tlt_core.model.packed`) holds each weight matrix, and the one
+product it needs from it: `matmul(x, weight) = x @ W.T (+ bias)`.
+
+Three layouts, one per regime, chosen by `choose_layout` (or forced: `Transformer.
+inference_layout`):
+
+- "fold" (float32 on the CPU): transposed copies with the RMSNorm weights folded in, used with
+  `torch.mm` / `addmm`. A small model's step is bound by per-op dispatch, and folding saves ops.
+- "onednn" (bfloat16 on the CPU): each matrix prepacked once in oneDNN's blocked layout
+  (`torch.ops.mkldnn._reorder_linear_weight`) and multiplied with `_linear_pointwise`. Same bits
+  as `F.linear`, which reorders the weight on every call: at batch 1-8 that reorder is most of
+  the cost, and prepacking makes a 135M model's decoding step 2-3x faster on this project's
+  CPUs (`tlt bench engine`).
+- "views" (CUDA, or any copy over the memory budget): the parameters themselves, no copy.
+  q|k|v and gate|up run as one matmul when the parameters are adjacent views of one tensor
+  (`fuse_projections_`, which `load_checkpoint` applies), else as separate matmuls.
+
+A copy ("fold", "onednn") is made only while it costs at most `COPY_BUDGET_SHARE` of the
+machine's memory; above it the pass falls back to "views", so a 7B model is never held twice.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+LAYOUTS = ("auto", "fold", "onednn", "views")
+COPY_BUDGET_SHARE = 0.25  # of physical memory: the most a packed copy may take
+
+
+def onednn_available() -> bool:
+    return (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no budget known
+        return None
+
+
+def choose_layout(requested: str, dtype: torch.dtype, device: torch.device,
+                  copy_bytes: int) -> str:
+    """The layout for weights of `dtype` on `device` whose packed copy would take `copy_bytes`."""
+    if requested not in LAYOUTS:
+        raise ValueError(f"inference_layout: expected one of {LAYOUTS}, got {requested!r}")
+    if requested == "onednn" and (device.type != "cpu" or not onednn_available()):
+        raise ValueError("inference_layout: 'onednn' needs CPU weights and a torch with oneDNN")
+    if requested == "fold" and dtype != torch.float32:
+        raise ValueError(f"inference_layout: 'fold' needs float32 weights, got {dtype}")
+    if requested != "auto":
+        return requested
+    if device.type != "cpu":
+        return "views"
+    memory = physical_memory_bytes()
+    if memory is not None and copy_bytes > COPY_BUDGET_SHARE * memory:
+        return "views"
+    if dtype == torch.float32:
+        return "fold"
+    if dtype == torch.bfloat16 and onednn_available():
+        return "onednn"
+    return "views"
+
+
+def pack_matrix(weight: torch.Tensor, layout: str) -> torch.Tensor:
+    """`weight` (out, in) in the layout's form: transposed (fold), prepacked (onednn) or as is."""
+    if layout == "fold":
+        return weight.t().contiguous()  # (in, out)
+    if layout == "onednn":
+        return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+    return weight
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, layout: str,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, in) @ W.T (+ bias) -> (M, out), for `packed` = pack_matrix(W, layout)."""
+    if layout == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if layout == "fold":
+        return torch.mm(x, packed) if bias is None else torch.addmm(bias, x, packed)
+    return F.linear(x, packed, bias)
