@@ -1,0 +1,225 @@
+"""Prompt data a user already has — JSON Lines, Parquet, a `datasets` folder, CSV/JSON through
+`datasets` — read into the same examples, with GSM8K answers and chat-message prompts
+understood and every bad row reported by its number; and the generated arithmetic set:
+deterministic, correct, and readable by load_prompts and math_reward."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tlt_core.rl.arithmetic_problems import generate_problems, write_jsonl
+from tlt_core.rl.data import DataError, load_prompts
+from tlt_core.rl.rewards import math_reward
+
+GSM8K_ROW = {"question": "Natalia sold clips to 48 of her friends in April, and then she sold "
+                         "half as many clips in May. How many clips did Natalia sell altogether "
+                         "in April and May?",
+             "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = "
+                       "<<48+24=72>>72 clips altogether in April and May.\n#### 72"}
+CHAT = [{"role": "system", "content": "Think step by step."},
+        {"role": "user", "content": "What is 2+2?"}]
+COMMITTED = Path(__file__).parent / "data" / "arithmetic-32.jsonl"
+
+
+def write_lines(path: Path, rows) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n"
+                            for row in rows))
+    return path
+
+
+def summary(data):
+    return [(e.prompt, e.answer, e.line) for e in data.examples]
+
+
+def test_jsonl_bad_rows_are_reported_by_line(tmp_path):
+    path = write_lines(tmp_path / "data.jsonl", [
+        {"prompt": "2+2?", "answer": "4"},
+        "{not json",
+        {"prompt": "no answer"},
+        {"prompt": ["not", "messages"], "answer": "1"},
+        {"prompt": "nan answer", "answer": float("nan")},
+        {"prompt": "3*3?", "answer": 9},
+    ])
+    data = load_prompts(path)
+    assert summary(data) == [("2+2?", "4", 1), ("3*3?", "9", 6)]
+    assert data.unit == "line" and (data.prompt_key, data.answer_key) == ("prompt", "answer")
+    assert [line for line, _ in data.bad_rows] == [2, 3, 4, 5]
+    assert "not JSON" in data.bad_rows[0][1] and "'answer'" in data.bad_rows[1][1]
+    with pytest.raises(DataError, match="line 4"):
+        load_prompts(path, on_bad_rows="error")
+
+
+def test_explicit_field_names_override_the_defaults(tmp_path):
+    path = write_lines(tmp_path / "data.jsonl", [
+        {"prompt": "ignored", "instruction": "2+2?", "answer": "5", "target": "4"}])
+    data = load_prompts(path, prompt_key="instruction", answer_key="target")
+    assert summary(data) == [("2+2?", "4", 1)]
+    with pytest.raises(DataError, match="'query'"):
+        load_prompts(path, prompt_key="query")
+    for bad in ({"prompt_key": ""}, {"answer_key": 3}, {"split": ""}, {"on_bad_rows": "drop"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            load_prompts(path, **bad)
+
+
+@pytest.mark.parametrize("row, fields", [
+    (GSM8K_ROW, ("question", "answer")),
+    ({"problem": "Halve 1.", "solution": "So it is $\\boxed{\\frac{1}{2}}$."},
+     ("problem", "solution")),
+    ({"messages": CHAT, "reference": "4"}, ("messages", "reference")),
+    ({"prompt": "p", "question": "q", "answer": "1", "solution": "2"}, ("prompt", "answer")),
+])
+def test_fields_are_found_by_the_documented_rule(tmp_path, row, fields):
+    data = load_prompts(write_lines(tmp_path / "data.jsonl", [row]))
+    assert (data.prompt_key, data.answer_key) == fields
+
+
+def test_gsm8k_answers_give_the_final_answer_and_keep_the_solution(tmp_path):
+    data = load_prompts(write_lines(tmp_path / "gsm8k.jsonl", [
+        GSM8K_ROW, {"question": "1+1?", "answer": "2"}, {"question": "q", "answer": "#### "}]))
+    first, second = data.examples
+    assert (first.prompt, first.answer, first.solution) == (GSM8K_ROW["question"], "72",
+                                                            GSM8K_ROW["answer"])
+    assert (second.answer, second.solution) == ("2", None)
+    assert [(row, "empty final answer" in why) for row, why in data.bad_rows] == [(3, True)]
+    assert math_reward(first.prompt, "so the answer is 72", first.answer) == 1.0
+
+
+def test_chat_message_prompts(tmp_path):
+    path = write_lines(tmp_path / "chat.jsonl", [
+        {"prompt": CHAT, "answer": "4"},
+        {"prompt": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}],
+         "answer": "1"},
+        {"prompt": [{"role": "system", "content": "only a system message"}], "answer": "1"},
+        {"prompt": [{"role": "user", "content": ["a", "list"]}], "answer": "1"},
+        {"prompt": [], "answer": "1"},
+    ])
+    data = load_prompts(path)
+    (example,) = data.examples
+    assert example.prompt == "What is 2+2?" and example.messages == tuple(CHAT)
+    assert [line for line, _ in data.bad_rows] == [2, 3, 4, 5]
+    assert "message 2" in data.bad_rows[0][1] and "wizard" in data.bad_rows[0][1]
+    assert "user message" in data.bad_rows[1][1] and "message 1" in data.bad_rows[2][1]
+
+
+def test_parquet_rows(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist([GSM8K_ROW, {"question": None, "answer": "3"},
+                                         {"question": "5-2?", "answer": "3"}]), path)
+    data = load_prompts(path)
+    assert summary(data) == [(GSM8K_ROW["question"], "72", 1), ("5-2?", "3", 3)]
+    assert data.unit == "row" and [row for row, _ in data.bad_rows] == [2]
+    with pytest.raises(DataError, match="row 2"):
+        load_prompts(path, on_bad_rows="error")
+
+
+def test_a_saved_dataset_folder(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    splits = datasets.DatasetDict({
+        "train": datasets.Dataset.from_list([{"prompt": CHAT, "answer": 4},
+                                             {"prompt": CHAT, "answer": None}]),
+        "test": datasets.Dataset.from_list([GSM8K_ROW])})
+    splits.save_to_disk(str(tmp_path / "dict"))
+    train = load_prompts(tmp_path / "dict")
+    assert train.split == "train" and [(e.prompt, e.answer) for e in train.examples] == [
+        ("What is 2+2?", "4")]
+    assert train.examples[0].messages == tuple(CHAT) and train.bad_rows[0][0] == 2
+    test = load_prompts(tmp_path / "dict", split="test")
+    assert test.split == "test" and test.examples[0].answer == "72"
+    with pytest.raises(ValueError, match="split.*'validation'.*test, train"):
+        load_prompts(tmp_path / "dict", split="validation")
+    datasets.Dataset.from_list([GSM8K_ROW]).save_to_disk(str(tmp_path / "one"))
+    assert load_prompts(tmp_path / "one").examples[0].answer == "72"
+    with pytest.raises(ValueError, match="split"):
+        load_prompts(tmp_path / "one", split="train")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(DataError, match="save_to_disk"):
+        load_prompts(tmp_path / "plain")
+
+
+def test_csv_and_json_files_through_datasets(tmp_path):
+    pytest.importorskip("datasets")
+    csv = tmp_path / "data.csv"
+    csv.write_text('question,answer\n2+2?,4\n,5\n"Add 48 and 24.","48+24=72\n#### 72"\n')
+    data = load_prompts(csv)
+    assert summary(data) == [("2+2?", "4", 1), ("Add 48 and 24.", "72", 3)]
+    assert [row for row, _ in data.bad_rows] == [2]
+    array = tmp_path / "data.json"
+    array.write_text(json.dumps([GSM8K_ROW, {"question": "1+1?", "answer": 2}]))
+    assert [e.answer for e in load_prompts(array).examples] == ["72", "2"]
+    broken = tmp_path / "broken.json"
+    broken.write_text("[{")
+    with pytest.raises(DataError, match="broken.json"):
+        load_prompts(broken)
+    with pytest.raises(ValueError, match="split"):
+        load_prompts(csv, split="train")
+
+
+def test_missing_data_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        load_prompts(tmp_path / "missing.jsonl")
+    empty = write_lines(tmp_path / "empty.jsonl", [{}])
+    with pytest.raises(DataError, match="no usable rows.*'prompt', 'question'"):
+        load_prompts(empty)
+
+
+# The generated arithmetic set.
+
+_STEP = re.compile(r"<<(\d+)([-+*/])(\d+)=(\d+)>>")
+_APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+          "/": lambda a, b: a / b}
+
+
+def test_generated_problems_are_deterministic():
+    rows = generate_problems(50, seed=7)
+    assert rows == generate_problems(50, seed=7)
+    assert generate_problems(20, seed=7) == rows[:20]  # a longer list extends a shorter one
+    assert generate_problems(50, seed=8) != rows
+    assert len({row["question"] for row in rows}) == 50
+    assert generate_problems(0) == []
+    with pytest.raises(ValueError, match="n"):
+        generate_problems(-1)
+    with pytest.raises(TypeError, match="seed"):
+        generate_problems(3, seed="0")
+
+
+def test_generated_arithmetic_is_right():
+    """Every step re-evaluated: its operands come from the question or earlier steps, its result
+    is the operation's exact integer value, and the final answer is the last step's."""
+    step_counts = set()
+    for row in generate_problems(300, seed=1):
+        known = {int(n) for n in re.findall(r"\d+", row["question"])}
+        known |= {2} if "half" in row["question"] else set()
+        steps = _STEP.findall(row["answer"])
+        assert 1 <= len(steps) <= 3, row
+        step_counts.add(len(steps))
+        for a, op, b, result in steps:
+            a, b, result = int(a), int(b), int(result)
+            assert {a, b} <= known, row
+            assert _APPLY[op](a, b) == result >= 0, row
+            known.add(result)
+        assert row["answer"].splitlines()[-1] == f"#### {steps[-1][3]}", row
+    assert step_counts == {1, 2, 3}
+
+
+def test_a_written_set_is_read_back_and_its_solutions_score_one(tmp_path):
+    rows = generate_problems(40, seed=3)
+    write_jsonl(tmp_path / "arith.jsonl", rows)
+    data = load_prompts(tmp_path / "arith.jsonl")
+    assert not data.bad_rows and [e.prompt for e in data.examples] == [r["question"] for r in rows]
+    for example, row in zip(data.examples, rows):
+        assert example.solution == row["answer"]
+        assert math_reward(example.prompt, row["answer"], example.answer) == 1.0
+        assert math_reward(example.prompt, row["answer"], row["answer"]) == 1.0
+    with pytest.raises(TypeError, match="rows"):
+        write_jsonl(tmp_path / "bad.jsonl", [["not a dict"]])
+
+
+def test_the_committed_set_is_the_generated_one(tmp_path):
+    """Regenerate with: python -c "from tlt_core.rl.arithmetic_problems import *;
+    write_jsonl('tests/data/arithmetic-32.jsonl', generate_problems(32, seed=0))" """
+    write_jsonl(tmp_path / "fresh.jsonl", generate_problems(32, seed=0))
+    assert (tmp_path / "fresh.jsonl").read_bytes() == COMMITTED.read_bytes()
