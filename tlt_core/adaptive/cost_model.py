@@ -23,12 +23,29 @@ when `calibrate(..., sd_off=True)`, and a model without it uses the first for bo
 Tables are keyed by (batch, plan key): `DraftPlan.key` for a plan, "plain" for None, "off"
 for SD_OFF. Calibration runs on its own state: copies of the requests, and a fresh suffix
 index per measurement, so it neither reads nor adds to the engine's history.
+
+Calibration needs steps, not text, so it runs every request as one sample of exactly
+`max_tokens` tokens with its stop ids dropped: a model whose first token ends its turn still
+decodes. Past a stop id the model continues a text no workload has, so a plan's acceptance
+there can differ from the workload's; the bandit replaces its priors with the workload's own
+steps. A prompt that would leave fewer than `max_tokens` slots in `EngineConfig.max_len` keeps
+its last tokens only (the end of a chat prompt is what a response follows).
+
+What it still cannot time it leaves out, with one warning, and never raises for: a batch size
+at which some plan (or plain decoding) never ran a step with all its rows (prompts too long for
+`EngineConfig.prefill_tokens` to admit them together, so the first rows finish before the last
+arrive; a max_len that leaves a row one token) is dropped from every table. Its rates are then
+interpolated between, or held at, the nearest timed batch sizes, and `threshold` chooses among
+timed batch sizes only, so SD is not switched on where nothing showed that it pays. With no
+batch size timed the model is empty: `threshold` is 0 (SD off at every batch size) and `rate`
+raises LookupError.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Sequence
@@ -92,6 +109,9 @@ class CostModel:
         when given and the calibration fitted the context dependence."""
         key = self.key(plan)
         batches = self.batches
+        if not batches:
+            raise LookupError("rate: calibration timed no batch size, so this cost model has no "
+                              "rates (its threshold keeps SD off)")
         if batch <= batches[0] or batch >= batches[-1]:
             edge = batches[0] if batch <= batches[0] else batches[-1]
             return self._at(edge, key, context)
@@ -139,9 +159,10 @@ def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequen
     """Measures engine's tokens per second for every batch in batches (at most
     engine.config.max_batch) and every plan and plain decoding (and, with sd_off, plain
     decoding with speculation off: SD_OFF), on copies of calibration_requests (a few prompts
-    like the workload's) cut to max_tokens. reps > 1 sweeps every measurement that many times
-    and keeps medians: a sweep is seconds long, and on a shared machine a burst of someone
-    else's work can slow one sweep by 10%; the median ignores it."""
+    like the workload's) run to max_tokens each, stop ids dropped (see the module docstring,
+    also for what it leaves out when a batch size cannot be timed). reps > 1 sweeps every
+    measurement that many times and keeps medians: a sweep is seconds long, and on a shared
+    machine a burst of someone else's work can slow one sweep by 10%; the median ignores it."""
     start = time.perf_counter()
     batches = sorted({int(b) for b in batches if 1 <= b <= engine.config.max_batch})
     if not batches:
@@ -150,45 +171,86 @@ def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequen
         raise ValueError("calibration_requests: need at least one request to calibrate on")
     if reps < 1:
         raise ValueError(f"reps: must be >= 1, got {reps}")
-    # per (batch, key), one entry per sweep: seconds per full-batch step, admission seconds,
-    # context fit (slope, mean context, longest context)
-    step_s, admission, fits = {}, {}, {}
-    emitted = {}  # plan key -> (tokens, row steps), pooled over sweeps
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens: must be >= 2 (a row's first token comes from prefill, "
+                         f"only the later ones from the steps calibration times), got {max_tokens}")
+    tokens = min(max_tokens, engine.config.max_len - 1)  # a prompt keeps at least one token
+    requests = [_timing_request(r, tokens, engine.config.max_len) for r in calibration_requests]
     # untimed: a process's first generate call pays one-time costs (thread pools, packed
     # weights) that would land in the first measurement's admission time
-    first = calibration_requests[0]
-    engine.generate([replace(first, params=replace(first.params, n=1, max_tokens=2))],
+    first = requests[0]
+    engine.generate([replace(first, params=replace(first.params, max_tokens=min(2, tokens)))],
                     _Recorder(None, 1), suffix_index=SuffixIndex())
+    measured = (SD_OFF,) * sd_off + (None,) + tuple(plans)
+    # per (batch, key), one entry per sweep that timed a step: seconds per full-batch step,
+    # admission seconds, context fit (slope, mean context, longest context)
+    step_s, admission, fits = {}, {}, {}
+    emitted = {}  # (batch, key) -> (tokens, row steps), summed over sweeps
     for _ in range(reps):
         for batch in batches:
-            requests = [replace(r, params=replace(
-                r.params, n=1,
-                max_tokens=max(1, min(max_tokens, engine.config.max_len - len(r.prompt_ids)))))
-                for r in (list(calibration_requests) * batch)[:batch]]
-            prompt = sum(len(r.prompt_ids) for r in requests) / len(requests)
-            for plan in (SD_OFF,) * sd_off + (None,) + tuple(plans):
-                recorder = _measure(engine, requests, plan, batch)
-                key = (batch, PLAIN_KEY if plan is None else plan.key)
+            rows = (requests * batch)[:batch]
+            prompt = sum(len(r.prompt_ids) for r in rows) / len(rows)
+            for plan in measured:
+                recorder = _measure(engine, rows, plan, batch)
+                if not recorder.steps:  # no step with all rows: this sweep times nothing
+                    continue
+                key = (batch, _table_key(plan))
                 step_s.setdefault(key, []).append(recorder.seconds / len(recorder.steps))
                 admission.setdefault(key, []).append(
                     max(0.0, recorder.wall_s - recorder.all_steps_s))
                 fit = recorder.context_fit(prompt)
                 if fit is not None:
                     fits.setdefault(key, []).append(fit)
-                if plan is not None and plan is not SD_OFF:
-                    tokens, rows = emitted.get(plan.key, (0, 0))
-                    emitted[plan.key] = (tokens + recorder.tokens, rows + recorder.row_steps)
-    acceptance = {plan: tokens / rows for plan, (tokens, rows) in emitted.items()}
+                tokens_so_far, rows_so_far = emitted.get(key, (0, 0))
+                emitted[key] = (tokens_so_far + recorder.tokens, rows_so_far + recorder.row_steps)
+    missing = {batch: [_table_key(p) for p in measured if (batch, _table_key(p)) not in step_s]
+               for batch in batches}
+    timed = [batch for batch in batches if not missing[batch]]
+    if len(timed) < len(batches):
+        warnings.warn(_untimed_warning(missing, timed, len(measured)), RuntimeWarning,
+                      stacklevel=2)
+    kept = [key for key in step_s if key[0] in timed]  # every table covers the same batches
+    acceptance = {}  # a plan's tokens per row step, pooled over timed batch sizes and sweeps
+    for plan in plans:
+        pooled = [emitted[(batch, plan.key)] for batch in timed]
+        if pooled:
+            acceptance[plan.key] = sum(t for t, _ in pooled) / sum(r for _, r in pooled)
     # a step's duration is what was measured; the tokens it emits, the pooled acceptance
-    rates = {key: key[0] * acceptance.get(key[1], 1.0) / median(times)
-             for key, times in step_s.items()}
-    fitted = {key: tuple(median(column) for column in zip(*entries))
-              for key, entries in fits.items()}
+    rates = {key: key[0] * acceptance.get(key[1], 1.0) / median(step_s[key]) for key in kept}
+    fitted = {key: tuple(median(column) for column in zip(*fits[key]))
+              for key in kept if key in fits}
     return CostModel(rates, time.perf_counter() - start, acceptance,
                      {key: fit[0] for key, fit in fitted.items()},
                      {key: fit[1] for key, fit in fitted.items()},
                      {key: fit[2] for key, fit in fitted.items()},
-                     {key: median(times) for key, times in admission.items()})
+                     {key: median(admission[key]) for key in kept})
+
+
+def _table_key(plan: DraftPlan | _SdOff | None) -> str:
+    return PLAIN_KEY if plan is None else plan.key
+
+
+def _timing_request(request: Request, tokens: int, max_len: int) -> Request:
+    """request as calibration runs it: one sample of exactly `tokens` tokens (no stop ids),
+    its prompt cut to its last max_len - tokens tokens."""
+    return replace(request, prompt_ids=request.prompt_ids[-(max_len - tokens):],
+                   params=replace(request.params, n=1, max_tokens=tokens, stop_ids=()))
+
+
+def _untimed_warning(missing: dict[int, list[str]], timed: list[int], keys_per_batch: int
+                     ) -> str:
+    """The one warning of a calibration that could not time every batch size: what it missed,
+    why that happens, and what the cost model does instead."""
+    gaps = "; ".join(f"batch {batch} for " + ("every plan and plain decoding"
+                                               if len(keys) == keys_per_batch else ", ".join(keys))
+                     for batch, keys in missing.items() if keys)
+    fallback = (f"those batch sizes are left out: their rates are interpolated between, or held "
+                f"at, the timed sizes {timed}, and the SD switch's threshold is one of those or 0"
+                if timed else "nothing was timed: the cost model is empty and SD stays off at "
+                "every batch size")
+    return (f"calibration: no step ran with all rows at {gaps}; rows finished before all were "
+            f"admitted (prompts too long for EngineConfig.prefill_tokens to admit together, or "
+            f"a max_len that leaves a row one token); {fallback}")
 
 
 class _Recorder:
@@ -231,7 +293,8 @@ class _Recorder:
 
 
 def _measure(engine: RolloutEngine, requests: list[Request], plan, batch: int) -> _Recorder:
-    """One calibration run; suffix-match drafts see this run's siblings only."""
+    """One calibration run; suffix-match drafts see this run's siblings only. Its recorder
+    has no steps if no step ran with all `batch` rows."""
     recorder = _Recorder(None if plan is SD_OFF else plan, batch)
     start = time.perf_counter()
     if plan is SD_OFF:
@@ -239,6 +302,4 @@ def _measure(engine: RolloutEngine, requests: list[Request], plan, batch: int) -
     else:
         engine.generate(requests, recorder, suffix_index=SuffixIndex())
     recorder.wall_s = time.perf_counter() - start
-    if recorder.seconds == 0:
-        raise RuntimeError(f"calibration: no step ran with all {batch} rows; raise max_tokens")
     return recorder

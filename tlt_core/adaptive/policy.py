@@ -4,7 +4,9 @@ An `AdaptivePolicy` is a `tlt_core.engine.PlanPolicy`: before each step it asks 
 whether to speculate at this running batch size and, if so, the bandit which plan (learned-
 drafter shapes, suffix-match drafts); after each step the engine tells it the `StepOutcome`,
 whose tokens emitted per second are the bandit's reward. `from_calibration` builds one whose
-switch threshold and bandit priors come from a cost model measured on this engine at start.
+switch threshold and bandit priors come from a cost model measured on this engine at start;
+where calibration could time nothing (see `tlt_core.adaptive.cost_model`), the switch stays
+off and the bandit, never asked, keeps no priors.
 
 Outputs do not depend on any of this: every plan is verified losslessly, so the policy only
 decides how fast the same distribution is sampled (greedy: the same tokens).
@@ -64,6 +66,8 @@ class AdaptivePolicy:
         if hysteresis < 1:
             raise ValueError(f"hysteresis: must be >= 1, got {hysteresis}")
         plans = tuple(plans)
+        if not plans:
+            raise ValueError("plans: need at least one draft plan to adapt over")
         if engine.drafter is None:
             plans = tuple(p for p in plans if not p.uses_drafter)
             if not plans:
@@ -75,8 +79,9 @@ class AdaptivePolicy:
         model = calibrate(engine, plans, measured, calibration_requests, max_tokens=max_tokens)
         on_at = model.threshold(plans, margin)
         bandit = PlanBandit(plans, bucket_edges=edges, epsilon=epsilon, window=window,
-                                prior_weight=prior_weight, seed=seed)
-        bandit.seed_priors(model.rate)
+                            prior_weight=prior_weight, seed=seed)
+        if model.batches:  # else nothing was timed: on_at is 0, and the bandit is never asked
+            bandit.seed_priors(model.rate)
         return cls(plans, SDSwitch(on_at, int(on_at * hysteresis)), bandit, model)
 
     def choose(self, batch: int) -> DraftPlan | None:
