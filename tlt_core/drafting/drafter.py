@@ -48,7 +48,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
-from tlt_core.model.kv_cache import CacheShape, KVCache
+from tlt_core.model.kv_cache import CacheShape, KVCache, cache_dtype
 from tlt_core.model.packed import PackedLayers, plan_for, run_layers
 from tlt_core.model.transformer import DecoderLayer, Transformer
 
@@ -111,7 +111,8 @@ class Drafter(nn.Module):
     def new_cache(self, batch: int, max_len: int, budget_bytes: int | None = None) -> KVCache:
         c = self.target.config
         return KVCache(CacheShape(1, batch, c.num_kv_heads, max_len, c.head_dim),
-                       dtype=self.fc.weight.dtype, device=self.fc.weight.device,
+                       dtype=cache_dtype(self.fc.weight.dtype, self.fc.weight.device),
+                       device=self.fc.weight.device,
                        budget_bytes=budget_bytes)
 
     # ---- the computation ---------------------------------------------------------------------

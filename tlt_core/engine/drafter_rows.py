@@ -42,7 +42,7 @@ class DrafterRows:
         self.drafter = drafter
         self.cache = drafter.new_cache(rows, max_len)
         self.sync, self.backlog_capacity = sync, backlog_capacity
-        device, dtype = self.cache.device, self.cache.data.dtype
+        device, dtype = self.cache.device, drafter.fc.weight.dtype  # the features' dtype
         hidden = drafter.target.config.hidden_size
         self.last_hidden = torch.zeros(rows, hidden, dtype=dtype, device=device)  # (R, H)
         self._num_features = len(drafter.config.feature_layers)

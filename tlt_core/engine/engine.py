@@ -48,7 +48,7 @@ from tlt_core.engine.records import (Request, RequestTiming, Rollout, RolloutRes
                                      SamplingParams, SpecStepStats)
 from tlt_core.engine.rows import RowState
 from tlt_core.engine.sampling import check_emitted, sample_roots, sample_seed
-from tlt_core.model.kv_cache import CacheBudgetError, CacheShape, KVCache
+from tlt_core.model.kv_cache import CacheBudgetError, CacheShape, KVCache, cache_dtype
 from tlt_core.model.transformer import ModelOutput
 
 
@@ -166,11 +166,13 @@ class RolloutEngine:
         budget = config.cache_budget_bytes
         if drafter is not None and budget is not None:
             # the drafter's cache: one layer of the target's shape
-            budget -= shape.bytes(weight.dtype) // model_config.num_layers
+            budget -= shape.bytes(cache_dtype(weight.dtype, weight.device)) // \
+                model_config.num_layers
             if budget < 0:
                 raise CacheBudgetError(f"budget_bytes: {config.cache_budget_bytes:,} bytes do "
                                        "not hold the drafter's cache; raise the budget")
-        self.cache = KVCache(shape, dtype=weight.dtype, device=weight.device, budget_bytes=budget)
+        self.cache = KVCache(shape, dtype=cache_dtype(weight.dtype, weight.device),
+                             device=weight.device, budget_bytes=budget)
         self.rows = RowState(config.max_batch, weight.device)
         self.drafter_rows = (None if drafter is None else DrafterRows(
             drafter, config.max_batch, slots, sync=config.drafter_sync,

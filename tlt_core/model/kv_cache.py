@@ -8,6 +8,11 @@ Contract with the model: a forward pass over T new tokens of row b writes token 
 `lengths[b] + i` in every layer and never changes `lengths`. The engine decides what to keep and
 commits it: `commit` after plain decoding, `compact` after a tree verification, `rollback` to
 drop tokens. The cache knows nothing about tokens or models.
+
+Its dtype (`cache_dtype`) is the weights' except for bf16/fp16 weights on the CPU, whose cache is
+float32: attention then runs in ATen's float32 kernel, where the CPU's half-precision
+attention and batched matmuls are slow (10-50x at decoding shapes) or compile a oneDNN kernel for
+every new cache length (about 25 ms each, the first time), which a rollout meets at every step.
 """
 
 from __future__ import annotations
@@ -17,6 +22,13 @@ from dataclasses import dataclass
 import torch
 
 import tlt_core.ops as ops
+
+
+def cache_dtype(weight_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The KV cache's dtype for weights of `weight_dtype` on `device` (module docstring)."""
+    if torch.device(device).type == "cpu" and weight_dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return weight_dtype
 
 
 class CacheBudgetError(MemoryError):

@@ -217,9 +217,6 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
     cache_dtype = cache_layers[0].dtype
     same_dtype = cache_dtype == h.dtype  # skip .to() calls: each costs a dispatch
-    # The CPU's fused attention kernel is fast in float32 but slow in bf16/fp16 at decoding
-    # shapes (10-50x the matmul form below, measured at SmolLM2's): use it where it is fast.
-    fused_attention = h.dtype == torch.float32 or h.device.type != "cpu"
     saved = {}
     for index, packed in enumerate(layers.get()):
         layout = packed.layout
@@ -236,16 +233,16 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
         # (B, T, 2, H_kv, d), exactly the k|v part of qkv.
         new_kv = qkv[:, :, H_q:].view(B, T, 2, H_kv, d)
         layer_kv[:, rows, :, plan.write_slots] = new_kv if same_dtype else new_kv.to(cache_dtype)
+        # Attention in the cache's dtype (kv_cache.cache_dtype: float32 for a half-precision
+        # model on the CPU), so the cache is read as stored; only q and the output convert.
         keys, values = layer_kv[0, :, :, :plan.read_len], layer_kv[1, :, :, :plan.read_len]
-        if not same_dtype:
-            keys, values = keys.to(h.dtype), values.to(h.dtype)
         q = qkv[:, :, :H_q].transpose(1, 2)  # (B, H_q, T, d)
-        if fused_attention:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask,
-                                                 enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
-        else:
-            out = _matmul_attention(q, keys, values, plan.mask)  # (B, H_q, T, d)
+        out = F.scaled_dot_product_attention(
+            q if same_dtype else q.to(cache_dtype), keys, values, attn_mask=plan.mask,
+            enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
         out = out.transpose(1, 2).reshape(B * T, H_q * d)
+        if not same_dtype:
+            out = out.to(h.dtype)
         if layout == "fold":  # + o_proj folded into the residual add
             h = torch.addmm(h, out, packed.o)
             if packed.o_bias is not None:
@@ -270,22 +267,6 @@ def _joined_matmul(x: torch.Tensor, weights: torch.Tensor | tuple[torch.Tensor, 
         out = torch.cat([F.linear(x, weight) for weight in weights], dim=-1)
         return out if bias is None else out + bias
     return matmul(x, weights, layout, bias)
-
-
-def _matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      mask: torch.Tensor | None) -> torch.Tensor:
-    """scaled_dot_product_attention(q, keys, values, mask, enable_gqa=True) as two batched
-    matmuls: q (B, H_q, T, d); keys, values (B, H_kv, S, d); mask None or bool (B | 1, 1, T, S).
-    Scores in the weights' dtype, softmax in float32. q head h reads kv head h // G."""
-    B, H_q, T, d = q.shape
-    H_kv, S = keys.shape[1], keys.shape[2]
-    G = H_q // H_kv
-    grouped = (q * d ** -0.5).reshape(B, H_kv, G * T, d)  # (B, H_kv, G T, d)
-    scores = torch.matmul(grouped, keys.transpose(-1, -2))  # (B, H_kv, G T, S)
-    if mask is not None:
-        scores = scores.view(B, H_kv, G, T, S).masked_fill(~mask[:, :, None], float("-inf"))
-    probs = torch.softmax(scores.view(B, H_kv, G * T, S), dim=-1, dtype=torch.float32)
-    return torch.matmul(probs.to(q.dtype), values).view(B, H_q, T, d)  # (B, H_q, T, d)
 
 
 def _norm(h: torch.Tensor, norm: nn.Module | None, eps: torch.Tensor) -> torch.Tensor:
