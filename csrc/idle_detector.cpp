@@ -62,7 +62,9 @@ NvmlProbe::NvmlProbe(const std::string& library) {
   count_ = symbol<int (*)(unsigned int*)>(library_, "nvmlDeviceGetCount_v2");
   handle_ = symbol<int (*)(unsigned int, void**)>(library_, "nvmlDeviceGetHandleByIndex_v2");
   rates_ = symbol<int (*)(void*, unsigned int*)>(library_, "nvmlDeviceGetUtilizationRates");
-  if (!init_ || !shutdown_ || !count_ || !handle_ || !rates_) {
+  by_uuid_ = symbol<int (*)(const char*, void**)>(library_, "nvmlDeviceGetHandleByUUID");
+  index_ = symbol<int (*)(void*, unsigned int*)>(library_, "nvmlDeviceGetIndex");
+  if (!init_ || !shutdown_ || !count_ || !handle_ || !rates_ || !by_uuid_ || !index_) {
     error_ = library + " lacks an NVML entry point this probe needs";
     dlclose(library_);
     library_ = nullptr;
@@ -97,6 +99,15 @@ int32_t NvmlProbe::utilization(int32_t index) const {
   unsigned int rates[2] = {0, 0};  // nvmlUtilization_t: gpu, memory
   if (rates_(device, rates) != kNvmlSuccess) return -1;
   return static_cast<int32_t>(rates[0]);
+}
+
+int32_t NvmlProbe::index_of_uuid(const std::string& uuid) const {
+  if (!available_) return -1;
+  void* device = nullptr;
+  if (by_uuid_(uuid.c_str(), &device) != kNvmlSuccess) return -1;
+  unsigned int index = 0;
+  if (index_(device, &index) != kNvmlSuccess) return -1;
+  return static_cast<int32_t>(index);
 }
 
 }  // namespace tlt

@@ -225,7 +225,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("available", &tlt::NvmlProbe::available)
       .def_property_readonly("error", &tlt::NvmlProbe::error)
       .def("device_count", &tlt::NvmlProbe::device_count)
-      .def("utilization", &tlt::NvmlProbe::utilization, py::arg("index"), nogil);
+      .def("utilization", &tlt::NvmlProbe::utilization, py::arg("index"), nogil)
+      .def("index_of_uuid", &tlt::NvmlProbe::index_of_uuid, py::arg("uuid"), nogil);
   // Strategy bandit (tlt/bandit.h); std::invalid_argument surfaces as ValueError.
   py::class_<tlt::BucketBandit>(m, "BucketBandit")
       .def(py::init([](std::vector<int32_t> bucket_edges, int32_t num_arms, double epsilon,

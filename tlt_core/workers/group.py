@@ -8,6 +8,10 @@ rank (as in verl's contiguous split: their lengths are correlated, which is wher
 between ranks comes from, and sibling drafts need them together). Request i keeps i as its id,
 so seeds and records do not depend on N. A counter in the group's store says when every rank's
 shard is done: until then a rank that finished is idle in the tail.
+
+On GPUs each rank takes the device `LOCAL_RANK` names (set by torchrun) before the process group
+starts, and collectives run on tensors on that device (NCCL reduces device memory only); on the
+CPU (gloo) they stay on the CPU.
 """
 
 from __future__ import annotations
@@ -25,9 +29,18 @@ from tlt_core.engine.records import Request, Rollout
 class WorkerGroup:
     """This process's place among the rollout workers."""
 
-    def __init__(self):
-        if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    def __init__(self, device: torch.device | str | None = None):
+        """device: where this rank computes (default: cuda:LOCAL_RANK when CUDA is available
+        and the group is distributed, else the CPU); it picks NCCL (CUDA) or gloo."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if device is None:
+            cuda = torch.cuda.is_available() and (world > 1 or dist.is_initialized())
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if not dist.is_initialized() and world > 1:
+            dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
         self.distributed = dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
@@ -86,6 +99,9 @@ class WorkerGroup:
         return total / count if count else None
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum over ranks, on tensor's device (reduced on this rank's)."""
         if self.distributed:
-            dist.all_reduce(tensor)
+            here = tensor.to(self.device)
+            dist.all_reduce(here)
+            return here.to(tensor.device)
         return tensor

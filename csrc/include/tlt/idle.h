@@ -60,6 +60,10 @@ class NvmlProbe {
   int32_t device_count() const;
   // GPU utilization percent of device `index` over NVML's last sample period; -1 on failure.
   int32_t utilization(int32_t index) const;
+  // NVML's index of the device with this UUID ("GPU-..."), -1 if none. NVML numbers every
+  // device on the machine whatever CUDA_VISIBLE_DEVICES says, so a rank finds its own GPU by
+  // UUID, never by its CUDA index.
+  int32_t index_of_uuid(const std::string& uuid) const;
 
  private:
   void* library_ = nullptr;
@@ -71,6 +75,8 @@ class NvmlProbe {
   int (*count_)(unsigned int*) = nullptr;
   int (*handle_)(unsigned int, void**) = nullptr;
   int (*rates_)(void*, unsigned int*) = nullptr;  // nvmlUtilization_t {gpu, memory}
+  int (*by_uuid_)(const char*, void**) = nullptr;  // nvmlDeviceGetHandleByUUID
+  int (*index_)(void*, unsigned int*) = nullptr;   // nvmlDeviceGetIndex
 };
 
 }  // namespace tlt
