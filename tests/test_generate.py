@@ -107,16 +107,17 @@ def test_no_prompts_and_bad_flags_are_reported(checkpoint, monkeypatch, tmp_path
         main(["generate", "--model", str(drafter), "--prompt", "x"])
     bare = tmp_path / "bare"
     shutil.copytree(model, bare, ignore=shutil.ignore_patterns("tokenizer.json"))
-    with pytest.raises(SystemExit, match="no tokenizer"):
+    with pytest.raises(SystemExit, match="tokenizer.json: not found"):
         main(["generate", "--model", str(bare), "--prompt", "x"])
 
 
 def test_live_line_reports_measured_acceptance(checkpoint):
     """The observe hook's live line: tokens, tokens/s and the running acceptance length."""
     from tlt_core.cli.generate import GenerateConfig, checkpoint_text_model, generate
+    from tlt_core.model.placement import resolve_placement
 
     model, drafter = checkpoint
-    text_model = checkpoint_text_model(model, drafter, True, "cpu")
+    text_model = checkpoint_text_model(model, drafter, True, resolve_placement("cpu", "float32"))
     live = io.StringIO()
     records, summary = generate(text_model, PROMPTS[:1], GenerateConfig(max_tokens=8), live=live)
     line = live.getvalue()

@@ -32,8 +32,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
-import torch
-
 from tlt_core.cli.options import add_dataclass_arguments, dataclass_from_args
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.tree import Strategy
@@ -41,8 +39,11 @@ from tlt_core.embedded.workload import load_embedded
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.hooks import StepOutcome
 from tlt_core.engine.records import Request, SamplingParams
+from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_arguments,
+                                        placement_from_args)
 from tlt_core.model.checkpoint import load_checkpoint
-from tlt_core.model.tokenizer import CheckpointTokenizer
+from tlt_core.model.placement import Placement, peak_memory_bytes
+from tlt_core.model.prompt_format import load_prompt_format
 
 LIVE_INTERVAL_S = 0.2  # the live line is redrawn at most this often
 
@@ -130,7 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "when stdin is a terminal and no prompts are given)")
     parser.add_argument("--model", type=Path, metavar="DIR",
                         help="a local Hugging Face checkpoint folder, with its tokenizer "
-                             "(tokenizer.json, or files transformers can load) (default: the "
+                             "(tokenizer.json, or files transformers can load) and, for an "
+                             "instruct model, its chat template (default: the "
                              "pre-trained embedded model, whose prompts are countdown sums "
                              "such as 37+04)")
     parser.add_argument("--drafter", type=Path, metavar="DIR",
@@ -138,8 +140,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the embedded drafter with the embedded model; none with --model, "
                              "which then decodes plainly)")
     add_dataclass_arguments(parser, GenerateConfig, _HELP)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="where the model runs")
+    add_placement_arguments(parser)
+    add_prompt_arguments(parser)
+    parser.add_argument("--stats", action="store_true",
+                        help="also report the process's peak memory (CUDA: peak allocation; "
+                             "CPU: peak resident set) and the packed weights' extra copy")
     parser.add_argument("--json", action="store_true",
                         help="JSON lines on stdout: one object per response, then a summary "
                              "object per engine call")
@@ -163,13 +168,14 @@ class TextModel:
 
 
 def embedded_text_model(drafter_folder: Path | None, want_drafter: bool,
-                        device: str) -> TextModel:
+                        placement: Placement) -> TextModel:
     """The pre-trained embedded model with the task's character tokenizer, and (want_drafter)
     the drafter saved in drafter_folder, else the embedded drafter."""
     workload = load_embedded(with_drafter=want_drafter and drafter_folder is None)
-    target, drafter = workload.target.to(device).eval(), workload.drafter
+    to = dict(device=placement.device, dtype=placement.dtype)
+    target, drafter = workload.target.to(**to).eval(), workload.drafter
     if drafter is not None:
-        drafter = drafter.to(device).eval()
+        drafter = drafter.to(**to).eval()
     elif want_drafter:
         drafter = Drafter.load(drafter_folder, target).eval()
     tokenizer = workload.tokenizer
@@ -178,36 +184,17 @@ def embedded_text_model(drafter_folder: Path | None, want_drafter: bool,
 
 
 def checkpoint_text_model(folder: Path, drafter_folder: Path | None, want_drafter: bool,
-                          device: str) -> TextModel:
-    """A local checkpoint, its tokenizer, and the drafter saved in drafter_folder (if any)."""
-    target = load_checkpoint(folder, device=device)
-    encode, decode, stop_ids = _checkpoint_tokenizer(Path(folder))
+                          placement: Placement, chat_template: str = "auto",
+                          system_prompt: str | None = None) -> TextModel:
+    """A local checkpoint, its tokenizer and prompt format, and the drafter saved in
+    drafter_folder (if any)."""
+    prompt_format = load_prompt_format(folder, chat_template, system_prompt)
+    target = load_checkpoint(folder, dtype=placement.dtype, device=placement.device)
     drafter = (Drafter.load(drafter_folder, target).eval()
                if want_drafter and drafter_folder is not None else None)
-    return TextModel(target, drafter, encode, decode, stop_ids, str(folder))
-
-
-def _checkpoint_tokenizer(folder: Path):
-    """(encode, decode, stop ids): tokenizer.json through the tokenizers library, else a
-    tokenizer transformers can load from the folder (e.g. SentencePiece files)."""
-    if (folder / "tokenizer.json").is_file():
-        tokenizer = CheckpointTokenizer(folder)
-        return tokenizer.encode, tokenizer.decode, tuple(tokenizer.eos_ids)
-    if (folder / "tokenizer_config.json").is_file():
-        try:
-            from transformers import AutoTokenizer
-        except ImportError:
-            raise SystemExit(f"tlt generate: --model {folder}: has no tokenizer.json; its "
-                             "tokenizer_config.json needs transformers (pip install "
-                             "transformers)") from None
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        eos = tokenizer.eos_token_id
-        stop_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
-        return (tokenizer.encode,
-                lambda ids: tokenizer.decode(ids, skip_special_tokens=True), stop_ids)
-    raise SystemExit(f"tlt generate: --model {folder}: no tokenizer (tokenizer.json or "
-                     "tokenizer_config.json) in the folder; generate needs the checkpoint's "
-                     "own tokenizer")
+    tokenizer = prompt_format.tokenizer
+    return TextModel(target, drafter, prompt_format.encode, tokenizer.decode,
+                     tuple(tokenizer.eos_ids), f"{folder} ({prompt_format.describe()})")
 
 
 # ---- prompts -----------------------------------------------------------------------------
@@ -356,16 +343,17 @@ def run_generate(args: argparse.Namespace, stdin: TextIO | None = None,
     if not given and not interactive:
         raise SystemExit("tlt generate: no prompts: give --prompt TEXT, --prompts FILE, or "
                          "--interactive (stdin is not a terminal)")
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("tlt generate: --device cuda: no CUDA device is visible")
+    placement = placement_from_args(args, "tlt generate", embedded=args.model is None)
     try:
         if args.model is None:
-            model = embedded_text_model(args.drafter, config.sd, args.device)
+            model = embedded_text_model(args.drafter, config.sd, placement)
         else:
-            model = checkpoint_text_model(args.model, args.drafter, config.sd, args.device)
-    except (FileNotFoundError, ValueError) as error:  # the loaders name the file or tensor
+            model = checkpoint_text_model(args.model, args.drafter, config.sd, placement,
+                                          args.chat_template, args.system_prompt)
+    except (FileNotFoundError, ImportError, ValueError) as error:  # they name the file
         raise SystemExit(f"tlt generate: {error}") from None
+    if args.model is not None:
+        print(f"tlt generate: {model.description}", file=stderr)
     if args.model is not None and config.sd and args.drafter is None:
         print("tlt generate: no --drafter for --model: plain decoding", file=stderr)
     live = stderr if not args.no_progress and stderr.isatty() else None
@@ -376,8 +364,18 @@ def run_generate(args: argparse.Namespace, stdin: TextIO | None = None,
         except ValueError as error:
             raise SystemExit(f"tlt generate: {error}") from None
         _emit(records, summary, args.json, stdout, stderr, headers=len(batch) > 1)
+        if args.stats:
+            _print_stats(model, placement, stderr)
         return 0
     return _interactive(model, config, args.json, stdin, stdout, stderr, live)
+
+
+def _print_stats(model: TextModel, placement: Placement, stderr: TextIO) -> None:
+    peak = peak_memory_bytes(placement.device)
+    kind = "peak CUDA allocation" if placement.device.type == "cuda" else "peak resident set"
+    extra = model.target.inference_copy_bytes()
+    print(f"stats: {kind} {peak / 2**20:.0f} MiB; packed weights' extra copy "
+          f"{extra / 2**20:.0f} MiB ({model.target._decoder.layers.layout} layout)", file=stderr)
 
 
 def _interactive(model: TextModel, config: GenerateConfig, as_json: bool, stdin: TextIO,

@@ -15,6 +15,8 @@ import torch
 
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.model.checkpoint import load_checkpoint
+from tlt_core.model.placement import Placement
+from tlt_core.model.prompt_format import load_prompt_format
 from tlt_core.model.tokenizer import CheckpointTokenizer
 from tlt_core.rl.data import load_prompts
 from tlt_core.rl.driver import Prompt
@@ -32,19 +34,36 @@ class TrainInputs:
     stop_ids: tuple[int, ...]
     description: str
     bad_rows: list[tuple[int, str]]  # (line, why) of the data rows skipped
+    # The checkpoint's tokenizer, saved with each policy folder; None for the embedded model
+    # (its character tokenizer is not a Hugging Face one).
+    tokenizer: CheckpointTokenizer | None = None
 
 
 def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_path=None,
-                      skip_bad_rows: bool = True, reward_fn: RewardFn = math_reward) -> TrainInputs:
-    """A local Hugging Face checkpoint (its tokenizer.json included) and a prompt file."""
-    policy = load_checkpoint(model_path)
-    tokenizer = CheckpointTokenizer(model_path)
-    data = load_prompts(data_path, on_bad_rows="skip" if skip_bad_rows else "error")
-    prompts = [Prompt(e.prompt, tuple(tokenizer.encode(e.prompt)), e.answer) for e in data.examples]
+                      skip_bad_rows: bool = True, reward_fn: RewardFn = math_reward,
+                      placement: Placement | None = None, chat_template: str | Path = "auto",
+                      system_prompt: str | None = None, prompt_key: str | None = None,
+                      answer_key: str | None = None, split: str | None = None) -> TrainInputs:
+    """A local Hugging Face checkpoint (its tokenizer and chat template included) and a prompt
+    data set (tlt_core.rl.data.load_prompts), in `placement` (default: float32 on the CPU).
+    Prompts go through the prompt format `chat_template` names (tlt_core.model.prompt_format);
+    a messages-style prompt needs a template."""
+    placement = placement or Placement(torch.device("cpu"), torch.float32, "default")
+    prompt_format = load_prompt_format(model_path, chat_template, system_prompt)
+    tokenizer = prompt_format.tokenizer
+    data = load_prompts(data_path, prompt_key=prompt_key, answer_key=answer_key, split=split,
+                        on_bad_rows="skip" if skip_bad_rows else "error")
+    prompts = [Prompt(e.prompt, tuple(prompt_format.encode(list(e.messages) if e.messages
+                                                           else e.prompt)), e.answer)
+               for e in data.examples]
+    policy = load_checkpoint(model_path, dtype=placement.dtype, device=placement.device)
     drafter = Drafter.load(drafter_path, policy) if drafter_path is not None else None
+    fields = f"fields {data.prompt_key!r} / {data.answer_key!r}"
     return TrainInputs(policy, drafter, prompts, prompts[:4], reward_fn,
                        lambda ids: tokenizer.decode(ids), tuple(tokenizer.eos_ids),
-                       f"{model_path} on {data_path} ({len(prompts)} prompts)", data.bad_rows)
+                       f"{model_path} on {data_path} ({len(prompts)} prompts, {fields}; "
+                       f"{prompt_format.describe()}; {placement.describe()})", data.bad_rows,
+                       tokenizer)
 
 
 def load_reward(spec: str) -> RewardFn:
