@@ -14,7 +14,7 @@ from tlt_core.model.checkpoint import save_checkpoint
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, load_export, read_provenance, target_sha256
-from tlt_core.cli.export import add_arguments, run_export
+from tlt_core.cli.export import add_arguments
 from tlt_core.model.transformer import ModelConfig, Transformer
 from tlt_core.drafting.tree import Strategy, draft_tree
 
@@ -237,7 +237,8 @@ def test_bad_exports_raise_clear_errors(target, drafter, tmp_path):
 def _cli(argv):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    return run_export(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return args.runner(args)
 
 
 def test_cli_exports_a_saved_drafter_for_a_checkpoint(target, drafter, tmp_path):
@@ -282,7 +283,7 @@ def test_cli_exports_the_drafter_of_a_train_run(tmp_path):
     trainer = GRPODriver(policy, toy_prompts(), toy_reward, detokenize, (),
                           small(tlt=True, steps=1, lr=1e-2), drafter=train_drafter(policy))
     trainer.step()
-    trainer.save(tmp_path / "run" / "checkpoint.pt")
+    trainer.save(tmp_path / "run" / "checkpoints")
     assert _cli(["drafter", "--to", "eagle", str(tmp_path / "out"), "--run",
                  str(tmp_path / "run"), "--target", str(tmp_path / "base")]) == 0
     record = read_provenance(tmp_path / "out")
@@ -291,8 +292,83 @@ def test_cli_exports_the_drafter_of_a_train_run(tmp_path):
     reloaded = load_export(tmp_path / "out", policy)
     for name, tensor in trainer.drafter.state_dict().items():
         assert torch.equal(reloaded.state_dict()[name], tensor)
-    with pytest.raises(SystemExit, match="--run: no checkpoint.pt"):
+    with pytest.raises(SystemExit, match="--run: no checkpoint in"):
         _cli(["drafter", "--to", "eagle", str(tmp_path / "o2"), "--run", str(tmp_path)])
     with pytest.raises(SystemExit, match="not both"):
         _cli(["drafter", "--to", "eagle", str(tmp_path / "o2"), "--run", str(tmp_path / "run"),
               "--drafter", str(tmp_path)])
+
+
+def _same_policy_folders(a, b):
+    """Equal weights, configs, tokenizer files; provenance equal but for nothing."""
+    ours, theirs = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    for name in ("config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json", "tlt_policy.json"):
+        assert json.loads((a / name).read_text()) == json.loads((b / name).read_text()), name
+
+
+def test_train_writes_policy_folders_that_export_copies_or_rebuilds(tmp_path, capsys):
+    """`tlt train --model` writes checkpoints/step-N (the newest K), policy/step-N (every
+    --save-every steps and the last) and tokenizer/; `tlt export policy` copies a policy folder
+    or rebuilds the same folder from a checkpoint; --resume continues from the newest
+    checkpoint; an older version's checkpoint.pt is refused by both commands."""
+    import shutil
+
+    from tests.cli_fixtures import tiny_checkpoint, word
+    from tlt_core.cli import main
+    from tlt_core.rl.checkpoint_io import read_state
+
+    model, _ = tiny_checkpoint(tmp_path, with_drafter=False)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{word(i)} {word(i + 1)}", "answer": "7"})
+                            + "\n" for i in range(1, 9)))
+    run = tmp_path / "run"
+
+    def train(out, *flags):
+        return main(["train", "--model", str(model), "--data", str(data), "--out", str(out),
+                     "--no-tlt", "--prompts-per-step", "2", "--samples-per-prompt", "2",
+                     "--max-new-tokens", "6", "--minibatch-size", "4", "--max-batch", "4",
+                     "--no-progress", "--tensorboard", "off", *flags])
+
+    assert train(run, "--steps", "3", "--keep-checkpoints", "2") == 0
+    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step-000002",
+                                                                         "step-000003"]
+    assert [p.name for p in sorted((run / "policy").iterdir())] == ["step-000003"]  # the last
+    assert f"policy after step 3: {run / 'policy' / 'step-000003'}" in capsys.readouterr().out
+    assert (run / "tokenizer" / "tokenizer.json").is_file()
+
+    assert _cli(["policy", str(tmp_path / "copied"), "--run", str(run)]) == 0  # the newest
+    _same_policy_folders(tmp_path / "copied", run / "policy" / "step-000003")
+    written = tmp_path / "written"
+    shutil.move(run / "policy" / "step-000003", written)
+    assert _cli(["policy", str(tmp_path / "rebuilt"), "--run", str(run), "--step", "3"]) == 0
+    _same_policy_folders(tmp_path / "rebuilt", written)
+    assert _cli(["policy", str(tmp_path / "rebuilt"), "--run", str(run), "--step", "2"]) == 0
+    step2 = load_file(str(tmp_path / "rebuilt" / "model.safetensors"))
+    policy2 = read_state(run / "checkpoints" / "step-000002")["policy"]
+    assert all(torch.equal(t, policy2[k]) for k, t in step2.items())
+    assert json.loads((tmp_path / "rebuilt" / "tlt_policy.json").read_text())["step"] == 2
+    with pytest.raises(SystemExit, match=r"--step: .*no step 1: policy folders of steps none, "
+                                         r"checkpoints of steps \[2, 3\]"):
+        _cli(["policy", str(tmp_path / "o"), "--run", str(run), "--step", "1"])
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's file")
+    with pytest.raises(SystemExit, match="OUT: .*neither empty nor an exported policy"):
+        _cli(["policy", str(tmp_path / "mine"), "--run", str(run)])
+    with pytest.raises(SystemExit, match="--run: .*no policy folders"):
+        _cli(["policy", str(tmp_path / "o"), "--run", str(tmp_path / "mine")])
+
+    assert train(run, "--steps", "4", "--resume", "--save-every", "1") == 0
+    assert "resumed at step 3" in capsys.readouterr().out
+    assert [p.name for p in sorted((run / "policy").iterdir())] == ["step-000004"]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
+
+    old = tmp_path / "old"
+    old.mkdir()
+    torch.save({"step": 1}, old / "checkpoint.pt")
+    with pytest.raises(SystemExit, match="--resume: .*older tlt_core.*start a new run"):
+        train(old, "--resume")
+    with pytest.raises(SystemExit, match="--run: .*older tlt_core.*start a new run"):
+        _cli(["policy", str(tmp_path / "o"), "--run", str(old)])

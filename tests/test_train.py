@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
+from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
 from tlt_core.rl.data import DataError, load_prompts
 from tlt_core.adaptive.sd_switch import SDSwitch
 from tlt_core.rl.rewards import math_answer, math_reward, normalize_answer, score_all
+from tlt_core.rl.checkpoint_io import latest_checkpoint
 from tlt_core.rl.driver import GRPODriver, Prompt, TrainConfig
 
 GOOD = 7  # the toy task: reward = share of response tokens equal to GOOD
@@ -49,26 +50,33 @@ def test_reward_rises_with_a_real_learning_signal():
 
 
 def test_resume_equals_uninterrupted(tmp_path):
-    whole = make(small())
-    for _ in range(4):
+    """2 steps, a checkpoint folder, a resumed third step = 3 uninterrupted steps (SD off):
+    policy, optimizer, RNG and history all come back."""
+    whole = make(small(steps=3))
+    for _ in range(3):
         whole.step()
-    first = make(small())
+    first = make(small(steps=3))
     for _ in range(2):
         first.step()
-    first.save(tmp_path / "checkpoint.pt")
-    resumed = make(small(), seed=123)  # other initial weights: the checkpoint must restore all
-    resumed.resume(tmp_path / "checkpoint.pt")
-    for _ in range(2):
-        resumed.step()
+    saved = first.save(tmp_path / "checkpoints")
+    assert saved == tmp_path / "checkpoints" / "step-000002" == latest_checkpoint(saved.parent)
+    resumed = make(small(steps=3), seed=123)  # other initial weights: the checkpoint restores all
+    resumed.resume(saved)
+    assert resumed.state.step == 2
+    resumed.step()
     keys = ("reward", "loss", "clip_fraction", "response_lengths")
     assert [[m[k] for k in keys] for m in resumed.state.history] == \
         [[m[k] for k in keys] for m in whole.state.history]
     for a, b in zip(whole.policy.parameters(), resumed.policy.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(ValueError, match="lr"):
-        make(small(lr=0.5)).resume(tmp_path / "checkpoint.pt")
+        make(small(lr=0.5)).resume(saved)
+    other = GRPODriver(tiny_target(vocab=VOCAB + 1), toy_prompts(), toy_reward, detokenize, (),
+                       small(steps=3))
+    with pytest.raises(ValueError, match="another architecture .*vocab_size"):
+        other.resume(saved)
     with pytest.raises(FileNotFoundError, match="resume"):
-        resumed.resume(tmp_path / "missing.pt")
+        resumed.resume(tmp_path / "missing")
 
 
 def test_micro_batches_give_the_same_update():
@@ -192,21 +200,22 @@ def test_math_verifier_and_failing_reward_functions():
     assert "nan" in scored[2].error
 
 
-class _Payload:
-    """Unpickling this would call a constructor: what a weights-only load must refuse."""
-
-
 def test_nothing_loaded_runs_code(tmp_path):
-    """A checkpoint that holds an arbitrary object is refused with a clear error, by resume
-    and by `tlt export --run` alike; a real checkpoint loads weights-only."""
+    """A checkpoint is safetensors and JSON: a state holding an arbitrary object is refused when
+    saved, naming where it is; an older version's pickled checkpoint.pt is refused unread, by
+    resume and by `tlt export --run` alike."""
     driver = make(small(steps=1))
     driver.step()
-    driver.save(tmp_path / "run" / "checkpoint.pt")
-    make(small(steps=1)).resume(tmp_path / "run" / "checkpoint.pt")
-    torch.save({"step": 1, "payload": _Payload()}, tmp_path / "bad.pt")
-    with pytest.raises(ValueError, match="checkpoint: .* refused"):
-        make(small(steps=1)).resume(tmp_path / "bad.pt")
+    make(small(steps=1)).resume(driver.save(tmp_path / "run" / "checkpoints"))
+    driver.state.history[0]["payload"] = object()
+    with pytest.raises(TypeError, match="state: history/0/payload is a builtins.object"):
+        driver.save(tmp_path / "bad" / "checkpoints")
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+    torch.save({"step": 1}, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="older tlt_core.*start a new run"):
+        make(small(steps=1)).resume(tmp_path / "checkpoint.pt")
     from tests.test_export import _cli
 
-    with pytest.raises(SystemExit, match="--run: checkpoint: .* refused"):
-        _cli(["drafter", "--to", "eagle", str(tmp_path / "out"), "--run", str(tmp_path / "bad.pt")])
+    for run in (tmp_path, tmp_path / "checkpoint.pt"):
+        with pytest.raises(SystemExit, match="--run: .*older tlt_core.*start a new run"):
+            _cli(["drafter", "--to", "eagle", str(tmp_path / "out"), "--run", str(run)])

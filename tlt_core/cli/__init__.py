@@ -4,6 +4,7 @@
                       DIR --data FILE; --compare adds the SD-off baseline
   tlt generate        text generation with speculative decoding, batch or interactive
   tlt export drafter  a trained drafter in SGLang's EAGLE or vLLM's speculators layout
+  tlt export policy   a `tlt train` run's policy as a Hugging Face folder
   tlt bench ...       benchmarks, each a ratio against a baseline run side by side
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)
   tlt demo            one speculative verification step on a toy tree, explained

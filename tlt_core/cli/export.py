@@ -1,26 +1,35 @@
-"""`tlt export drafter --to {eagle,speculators} OUT`: a drafter in a serving engine's format.
+"""`tlt export drafter --to {eagle,speculators} OUT`: a drafter in a serving engine's format;
+`tlt export policy --run DIR OUT`: a `tlt train` run's policy as a Hugging Face folder.
 
-Writes OUT in SGLang's EAGLE-1 layout (`--to eagle`) or vLLM's speculators layout
+drafter: writes OUT in SGLang's EAGLE-1 layout (`--to eagle`) or vLLM's speculators layout
 (`--to speculators`) with provenance: the target's weights hash, the RL step, the acceptance
 length at export, the tlt_core version and the date (tlt_core.drafting.export). Only a drafter
 trained with DrafterConfig(form="eagle") exports; any other is refused with the reason.
 
 Inputs: --drafter DIR (a folder written by Drafter.save; default: the embedded drafter) and
 --target DIR (a local Hugging Face checkpoint; default: the embedded model); or --run DIR, a
-`tlt train` run folder: the drafter RL spot-trained, as of its checkpoint.pt, drafting for the
-policy of that step (the checkpoint's policy weights in --target's architecture; the provenance
-hashes those weights and records the checkpoint's step). The acceptance length is
---acceptance, or, for the embedded architecture, measured here in a few seconds: greedy
-rollouts of 16 held-out embedded-task problems with a (6,1,7) chain strategy.
+`tlt train` run folder: the drafter RL spot-trained, as of its newest checkpoint
+(DIR/checkpoints/step-NNNNNN, or a checkpoint folder given directly), drafting for the policy of
+that step (the checkpoint's policy weights in --target's architecture; the provenance hashes
+those weights and records the checkpoint's step). The acceptance length is --acceptance, or,
+for the embedded architecture, measured here in a few seconds: greedy rollouts of 16 held-out
+embedded-task problems with a (6,1,7) chain strategy.
+
+policy: the policy after step N (--step; default: the newest step saved) as a folder
+transformers loads (tlt_core.rl.policy_folder): a copy of the run's policy/step-NNNNNN when
+`tlt train` wrote it, else rebuilt from checkpoints/step-NNNNNN (the checkpoint records the
+policy's architecture; the tokenizer comes from the run's tokenizer/ folder). OUT is replaced
+only if it is an earlier export (it holds tlt_policy.json) or empty.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
-
+from tlt_core.cli.train import CHECKPOINTS_DIR, OLD_CHECKPOINT, POLICY_DIR, TOKENIZER_DIR
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, exportable
 from tlt_core.drafting.tree import Strategy
@@ -29,22 +38,27 @@ from tlt_core.embedded.workload import load_embedded
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import load_checkpoint
-from tlt_core.rl.driver import read_checkpoint
+from tlt_core.model.tokenizer import CheckpointTokenizer
+from tlt_core.model.transformer import ModelConfig, Transformer
+from tlt_core.rl.checkpoint_io import (STATE_FILE, atomic_folder, latest_checkpoint, read_state,
+                                       step_folders)
+from tlt_core.rl.policy_folder import POLICY_RECORD, SpecialTokenIds, write_policy_folder
 
 ACCEPTANCE_PROBLEMS, ACCEPTANCE_SEED = 16, 4242  # held out: training and benches use others
 
 
 def add_parsers(commands) -> None:
     export = commands.add_parser(
-        "export", help="a trained drafter in a serving engine's format (EAGLE, speculators)",
+        "export", help="a trained drafter (EAGLE, speculators) or policy (Hugging Face) to serve",
         description="Exports artifacts for serving engines: `tlt export drafter --to "
                     "{eagle,speculators} OUT` writes a drafter in SGLang's EAGLE or vLLM's "
-                    "speculators layout, with provenance.")
+                    "speculators layout, with provenance; `tlt export policy --run DIR OUT` "
+                    "writes a `tlt train` run's policy as a Hugging Face folder.")
     add_arguments(export)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `export` command's arguments: its one subcommand, `drafter`."""
+    """The `export` command's arguments: its subcommands, `drafter` and `policy`."""
     kinds = parser.add_subparsers(dest="export", required=True, metavar="WHAT")
     drafter = kinds.add_parser(
         "drafter", help="a drafter in SGLang's EAGLE-1 or vLLM's speculators layout",
@@ -63,9 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="the drafter's target, a local Hugging Face checkpoint folder "
                               "(default: the embedded model)")
     drafter.add_argument("--run", type=Path, metavar="DIR",
-                         help="a `tlt train` run folder: export the drafter of its "
-                              "checkpoint.pt, for the policy of that step (instead of --drafter; "
-                              "--target gives the architecture)")
+                         help="a `tlt train` run folder: export the drafter of its newest "
+                              "checkpoint (or of a checkpoint folder given directly), for the "
+                              "policy of that step (instead of --drafter; --target gives the "
+                              "architecture)")
     drafter.add_argument("--step", type=int, metavar="N",
                          help="the RL step the drafter was exported at (default: unknown; "
                               "with --run, the checkpoint's)")
@@ -77,6 +92,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="--to speculators: tokens per greedy proposal (vLLM's "
                               "num_speculative_tokens)")
     drafter.set_defaults(runner=run_export)
+    policy = kinds.add_parser(
+        "policy", help="a `tlt train` run's policy as a Hugging Face folder transformers loads",
+        description="Writes the policy of a `tlt train` run after a step as a Hugging Face "
+                    "folder (config.json, model.safetensors, generation_config.json, the "
+                    "tokenizer, tlt_policy.json) that transformers loads: the run's "
+                    "policy/step-NNNNNN copied, or rebuilt from its checkpoints/step-NNNNNN.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    policy.add_argument("out", type=Path, metavar="OUT", help="folder to write")
+    policy.add_argument("--run", type=Path, required=True, metavar="DIR",
+                        help="the `tlt train` run folder (its --out)")
+    policy.add_argument("--step", type=int, metavar="N",
+                        help="the policy after N steps (default: the newest step the run saved, "
+                             "as a policy folder or a checkpoint)")
+    policy.set_defaults(runner=run_export_policy)
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -172,19 +201,30 @@ def _drafter(path: Path | None, target):
 
 
 def _read_run(folder: Path) -> tuple[Path, dict]:
-    """(checkpoint path, its state) of a `tlt train` run folder, checked for a drafter."""
-    path = folder / "checkpoint.pt" if folder.is_dir() else folder
-    if not path.is_file():
-        raise SystemExit(f"tlt export: --run: no checkpoint.pt in {folder}; is it a `tlt train` "
-                         "--out folder?")
+    """(checkpoint folder, its state): a `tlt train` run folder's newest checkpoint, or a
+    checkpoint folder given directly; checked for a drafter."""
+    if folder.is_file() or (folder / STATE_FILE).is_file():
+        path = folder  # read_state refuses an older version's single file, saying so
+    else:
+        path = latest_checkpoint(folder / CHECKPOINTS_DIR)
+        if path is None and (folder / OLD_CHECKPOINT).is_file():
+            raise _older_run("--run", folder / OLD_CHECKPOINT)
+        if path is None:
+            raise SystemExit(f"tlt export: --run: no checkpoint in {folder} (none in "
+                             f"{CHECKPOINTS_DIR}/); is it a `tlt train` --out folder?")
     try:
-        state = read_checkpoint(path)
-    except ValueError as error:
+        state = read_state(path)
+    except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"tlt export: --run: {error}") from None
     if "drafter" not in state:
         raise SystemExit(f"tlt export: --run: {path} has no drafter (a run with --no-tlt, or "
                          "with a checkpoint and no --drafter, trains none)")
     return path, state
+
+
+def _older_run(flag: str, path: Path) -> SystemExit:
+    return SystemExit(f"tlt export: {flag}: {path} was written by an older tlt_core, whose "
+                      "checkpoints this version does not read; start a new run")
 
 
 def _from_run(path: Path, state: dict, target):
@@ -206,3 +246,59 @@ def _from_run(path: Path, state: dict, target):
     drafter = Drafter(target, DrafterConfig(form=form))
     drafter.load_state_dict(weights)
     return drafter.eval(), f"{path} (step {state['step']})", int(state["step"])
+
+
+# ---- tlt export policy -------------------------------------------------------------------------
+
+def run_export_policy(args: argparse.Namespace) -> int:
+    if args.step is not None and args.step < 0:
+        raise SystemExit(f"tlt export: --step: must be >= 0, got {args.step}")
+    out = args.out
+    if out.exists() and not (out.is_dir() and (not any(out.iterdir())
+                                               or (out / POLICY_RECORD).is_file())):
+        raise SystemExit(f"tlt export: OUT: {out} exists and is neither empty nor an exported "
+                         f"policy folder (with {POLICY_RECORD}); give a new folder")
+    run = args.run
+    if not run.is_dir():
+        raise SystemExit(f"tlt export: --run: {run} is not a folder; give a `tlt train` --out "
+                         "folder")
+    policies = step_folders(run / POLICY_DIR, marker=POLICY_RECORD)
+    checkpoints = step_folders(run / CHECKPOINTS_DIR)
+    if not policies and not checkpoints:
+        if (run / OLD_CHECKPOINT).is_file():
+            raise _older_run("--run", run / OLD_CHECKPOINT)
+        raise SystemExit(f"tlt export: --run: {run} has no policy folders ({POLICY_DIR}/) and no "
+                         f"checkpoints ({CHECKPOINTS_DIR}/); is it a `tlt train` --out folder?")
+    step = max(policies.keys() | checkpoints.keys()) if args.step is None else args.step
+    if step in policies:
+        source = policies[step]
+        with atomic_folder(out) as temporary:
+            shutil.copytree(source, temporary, dirs_exist_ok=True)
+    elif step in checkpoints:
+        source = checkpoints[step]
+        _policy_from_checkpoint(source, run, out, step)
+    else:
+        raise SystemExit(f"tlt export: --step: {run} holds no step {step}: policy folders of "
+                         f"steps {sorted(policies) or 'none'}, checkpoints of steps "
+                         f"{sorted(checkpoints) or 'none'}")
+    print(f"wrote {out}: the policy of {run} after step {step} (from {source})")
+    return 0
+
+
+def _policy_from_checkpoint(checkpoint: Path, run: Path, out: Path, step: int) -> None:
+    """Writes the policy folder of a resume checkpoint: its tensors in the architecture it
+    records, with the run's tokenizer (or, without one, the ids that ended responses)."""
+    try:
+        state = read_state(checkpoint)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"tlt export: --run: {error}") from None
+    if state.get("model_config") is None:
+        raise SystemExit(f"tlt export: --run: {checkpoint} records no model architecture (its "
+                         "policy is not a tlt_core Transformer)")
+    policy = Transformer(ModelConfig.from_hf_config(state["model_config"]))
+    policy.load_state_dict(state["policy"], assign=True)  # the tensors as saved, dtype included
+    policy.tie_weights()
+    tokenizer, token_ids = None, SpecialTokenIds(eos=tuple(state["stop_ids"]))
+    if (run / TOKENIZER_DIR).is_dir():
+        tokenizer, token_ids = CheckpointTokenizer(run / TOKENIZER_DIR), None
+    write_policy_folder(policy, out, tokenizer=tokenizer, step=step, token_ids=token_ids)

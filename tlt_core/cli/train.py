@@ -1,10 +1,18 @@
 """`tlt train`: GRPO with TLT on the embedded task (no arguments) or a local checkpoint.
 
-Writes, under --out: metrics.jsonl (one line per step; `baseline/` for --compare's SD-off run)
-and, when the tensorboard package is installed, TensorBoard event files beside it (names and
-units: tlt_core.rl.metrics, docs/metrics.md), checkpoint.pt after every step, and report.md with
-its plots at the end. Ctrl-C (or a killed rank) loses at most the step in progress; the message
-says how to resume. Rank 0 writes metrics and checkpoint.
+Writes, under --out (OUT; `OUT/baseline/` holds the same for --compare's SD-off run):
+- metrics.jsonl, one line per step, and, when the tensorboard package is installed, TensorBoard
+  event files beside it (names and units: tlt_core.rl.metrics, docs/metrics.md);
+- checkpoints/step-NNNNNN/ after every step (the state after NNNNNN steps, for --resume;
+  tlt_core.rl.checkpoint_io: safetensors and JSON, atomic), the newest --keep-checkpoints kept;
+- policy/step-NNNNNN/, the policy as a Hugging Face folder transformers loads
+  (tlt_core.rl.policy_folder), after the last step and every --save-every steps; each folder
+  written is printed (there is no "latest" link);
+- tokenizer/, the --model checkpoint's tokenizer, once (`tlt export policy` rebuilds a policy
+  folder from a checkpoint with it);
+- report.md with its plots at the end.
+Ctrl-C (or a killed rank) loses at most the step in progress; the message says how to resume.
+Rank 0 writes.
 """
 
 from __future__ import annotations
@@ -16,13 +24,21 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_arguments,
+                                        placement_from_args)
 from tlt_core.cli.options import add_dataclass_arguments, dataclass_from_args
 from tlt_core.embedded.workload import train_inputs
+from tlt_core.rl.checkpoint_io import atomic_folder, latest_checkpoint, step_folder_name
 from tlt_core.rl.driver import GRPODriver, TrainConfig
 from tlt_core.rl.inputs import TrainInputs, checkpoint_inputs, load_reward
 from tlt_core.rl.metrics import MetricsWriter, tensorboard_available
+from tlt_core.rl.policy_folder import SpecialTokenIds, write_policy_folder
 from tlt_core.rl.report import summarize, write_report
-from tlt_core.rl.rewards import math_reward
+from tlt_core.rl.rewards import RewardMix, math_reward
+
+# A run folder's parts (module docstring); `tlt export` reads them too.
+CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR = "checkpoints", "policy", "tokenizer"
+OLD_CHECKPOINT = "checkpoint.pt"  # the single torch.save file of older versions: not read
 
 _HELP = {
     "steps": "GRPO steps",
@@ -66,20 +82,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run the SD-off baseline with the same seeds and config, and "
                              "print the end-to-end speedup")
     parser.add_argument("--out", type=Path, default=Path("runs/tlt-train"), metavar="DIR",
-                        help="run folder: metrics, checkpoint, report")
+                        help="run folder: metrics, checkpoints, policy folders, report")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --out from its checkpoint")
+                        help="continue the run in --out from its newest checkpoint "
+                             "(OUT/checkpoints/step-NNNNNN)")
+    parser.add_argument("--keep-checkpoints", type=int, default=2, metavar="K",
+                        help="resume checkpoints kept in OUT/checkpoints (one is written after "
+                             "every step; older ones are deleted once the new one is complete)")
+    parser.add_argument("--save-every", type=int, default=0, metavar="N",
+                        help="also write the policy as a Hugging Face folder, "
+                             "OUT/policy/step-NNNNNN, every N steps (0: only after the last "
+                             "step, which is always written)")
     parser.add_argument("--model", type=Path, metavar="DIR",
                         help="a local Hugging Face checkpoint folder (default: the embedded model)")
     parser.add_argument("--data", type=Path, metavar="FILE",
-                        help="JSONL or Parquet prompts with 'prompt' and 'answer' fields (needed "
-                             "with --model)")
+                        help="prompts with reference answers (needed with --model): JSONL, "
+                             "Parquet, CSV or JSON, or a Hugging Face datasets folder")
     parser.add_argument("--drafter", type=Path, metavar="DIR",
                         help="a drafter folder for --model (without one, TLT uses suffix-match "
                              "drafts only)")
-    parser.add_argument("--reward", metavar="MODULE:FUNCTION",
-                        help="a reward function taking (prompt, response, reference) (default: "
-                             "the math-answer verifier)")
+    parser.add_argument("--prompt-field", metavar="NAME",
+                        help="the data's prompt field (default: the first of prompt, question, "
+                             "problem, messages it has); a list of chat messages is a chat")
+    parser.add_argument("--answer-field", metavar="NAME",
+                        help="the data's reference-answer field (default: the first of answer, "
+                             "solution, reference; GSM8K's '... #### 72' means 72)")
+    parser.add_argument("--split", metavar="NAME",
+                        help="the split of a Hugging Face datasets folder (default: train)")
+    add_placement_arguments(parser)
+    add_prompt_arguments(parser)
+    parser.add_argument("--reward", default="math", metavar="math|math+format|MODULE:FUNCTION",
+                        help="the reward: math (math-verify's answer check), math+format (plus "
+                             "0.1 for a final answer in a recognised form), or a function "
+                             "taking (prompt, response, reference)")
     parser.add_argument("--strict-data", action="store_true",
                         help="stop on malformed data rows instead of skipping them")
     parser.add_argument("--tensorboard", choices=("auto", "on", "off"), default="auto",
@@ -96,10 +131,23 @@ def run_train(args: argparse.Namespace) -> int:
         raise SystemExit("tlt train: --model and --data go together (a checkpoint and its "
                          "prompts); with neither, the embedded task and model are used")
     if args.model is not None:
-        reward = load_reward(args.reward) if args.reward else math_reward
-        inputs = lambda: checkpoint_inputs(args.model, args.data, drafter_path=args.drafter,  # noqa: E731
-                                           skip_bad_rows=not args.strict_data, reward_fn=reward)
+        reward = _reward(args.reward)
+        placement = placement_from_args(args, "tlt train", embedded=False)
+
+        def inputs() -> TrainInputs:
+            try:
+                return checkpoint_inputs(
+                    args.model, args.data, drafter_path=args.drafter,
+                    skip_bad_rows=not args.strict_data, reward_fn=reward, placement=placement,
+                    chat_template=args.chat_template, system_prompt=args.system_prompt,
+                    prompt_key=args.prompt_field, answer_key=args.answer_field,
+                    split=args.split)
+            except (FileNotFoundError, ImportError, ValueError) as error:  # they name the file
+                raise SystemExit(f"tlt train: {error}") from None
     else:
+        if args.device not in ("auto", "cpu") or args.dtype not in ("auto", "float32"):
+            raise SystemExit("tlt train: the embedded task runs in float32 on the CPU; "
+                             "--device / --dtype apply to --model")
         print("tlt train: GRPO on the embedded task (countdown sums mod 100, worked step by "
               "step, with heavy-tailed response lengths) and the embedded model (8 layers, "
               "1.6M parameters), TLT " + ("on" if config.tlt else "off") + f"; {config.steps} "
@@ -130,6 +178,17 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reward(choice: str):
+    if choice == "math":
+        return math_reward
+    if choice == "math+format":
+        return RewardMix(math=1.0, format=0.1)
+    try:
+        return load_reward(choice)
+    except ValueError as error:
+        raise SystemExit(f"tlt train: --{error} (or math, math+format)") from None
+
+
 def _tensorboard_wanted(choice: str) -> bool:
     if choice == "off":
         return False
@@ -145,22 +204,40 @@ def _tensorboard_wanted(choice: str) -> bool:
 
 def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs,
                args: argparse.Namespace, tensorboard: bool) -> list[dict] | None:
+    if args.keep_checkpoints < 1:
+        raise SystemExit(f"tlt train: --keep-checkpoints: must be >= 1, got "
+                         f"{args.keep_checkpoints}")
+    if args.save_every < 0:
+        raise SystemExit(f"tlt train: --save-every: must be >= 0, got {args.save_every}")
     driver = GRPODriver(inputs.policy, inputs.prompts, inputs.reward_fn, inputs.detokenize,
                         inputs.stop_ids, config, drafter=inputs.drafter,
                         calibration=inputs.calibration)
     folder.mkdir(parents=True, exist_ok=True)
-    checkpoint = folder / "checkpoint.pt"
+    checkpoints = folder / CHECKPOINTS_DIR
     if inputs.bad_rows:
         print(f"data: skipped {len(inputs.bad_rows)} malformed rows "
               f"(first: line {inputs.bad_rows[0][0]}: {inputs.bad_rows[0][1]})", file=sys.stderr)
-    resumed = args.resume and checkpoint.is_file()
+    latest = latest_checkpoint(checkpoints) if args.resume else None
+    if args.resume and latest is None and (folder / OLD_CHECKPOINT).is_file():
+        raise SystemExit(f"tlt train: --resume: {folder / OLD_CHECKPOINT} was written by an "
+                         "older tlt_core, whose checkpoints this version does not read; start a "
+                         "new run (without --resume, or with another --out)")
+    resumed = latest is not None
     if resumed:
-        driver.resume(checkpoint)
-        print(f"{name}: resumed at step {driver.state.step} from {checkpoint}")
-    # rank 0 writes the metrics, as it writes the checkpoint
+        try:
+            driver.resume(latest)
+        except ValueError as error:  # another config or model; it names what differs
+            raise SystemExit(f"tlt train: --resume: {error}") from None
+        print(f"{name}: resumed at step {driver.state.step} from {latest}")
+    writing = driver.group.rank == 0  # rank 0 writes metrics, checkpoints and policy folders
+    if writing and inputs.tokenizer is not None:  # lets `tlt export policy` rebuild any step
+        with atomic_folder(folder / TOKENIZER_DIR) as temporary:
+            inputs.tokenizer.save(temporary)
+    # Without a Hugging Face tokenizer (the embedded model) the folders still name the ids that
+    # end a response, so that transformers' generate stops where the rollouts did.
+    token_ids = None if inputs.tokenizer is not None else SpecialTokenIds(eos=inputs.stop_ids)
     writer = MetricsWriter(folder, tensorboard=tensorboard,
-                           history=driver.state.history if resumed else None,
-                           enabled=driver.group.rank == 0)
+                           history=driver.state.history if resumed else None, enabled=writing)
     print(f"{name}: {inputs.description}, TLT {'on' if config.tlt else 'off'}; "
           f"{config.steps} steps x {config.prompts_per_step} prompts x "
           f"{config.samples_per_prompt} samples -> {folder}"
@@ -171,14 +248,25 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
         with writer:
             while driver.state.step < config.steps:
                 metrics = driver.step()
-                driver.save(checkpoint)
+                driver.save(checkpoints, keep=args.keep_checkpoints)
                 writer.write(metrics)
                 bar.update()
                 bar.write(_line(metrics))
+                step = driver.state.step
+                if writing and (step == config.steps or
+                                args.save_every and step % args.save_every == 0):
+                    policy = write_policy_folder(
+                        driver.policy, folder / POLICY_DIR / step_folder_name(step),
+                        tokenizer=inputs.tokenizer, step=step, token_ids=token_ids)
+                    bar.write(f"{name}: policy after step {step}: {policy}")
     except KeyboardInterrupt:
         bar.close()
-        print(f"\n{name}: interrupted in step {driver.state.step}; steps before it are saved "
-              f"in {checkpoint}. Resume with the same arguments plus --resume.", file=sys.stderr)
+        # this run's newest checkpoint (before its first step the folder may hold another run's)
+        saved = latest_checkpoint(checkpoints) if driver.state.step > 0 else None
+        print(f"\n{name}: interrupted in step {driver.state.step}; "
+              + (f"the steps before it are saved in {saved}. Resume with the same arguments "
+                 "plus --resume." if saved is not None else "no step had finished."),
+              file=sys.stderr)
         return None
     bar.close()
     return driver.state.history

@@ -22,6 +22,8 @@ One step:
    (a rollback it asks for is loaded here).
 5. The step's metrics (tlt_core.rl.metrics names them); `state_dict` checkpoints everything
    that evolves: policy, optimizer, reference, drafter, spot trainer, adaptive policy, RNG, step.
+   `save` writes it as a step folder (tlt_core.rl.checkpoint_io: safetensors and JSON, no
+   pickle, atomic, the newest K kept), `resume` reads one back.
 
 Determinism: sampling seeds come from (seed, step, prompt), so with SD off (or a fixed plan) a
 resumed run repeats an uninterrupted one exactly; with the adaptive loop the plan choices depend
@@ -33,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import pickle
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,7 +50,10 @@ from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams, seconds_at_or_below
 from tlt_core.engine.sampling import sample_seed
+from tlt_core.model.transformer import Transformer
+from tlt_core.rl.checkpoint_io import read_state, write_checkpoint
 from tlt_core.rl.grpo import group_advantages, ppo_clip_loss, response_logprobs
+from tlt_core.rl.master_weights import MasterWeightAdamW
 from tlt_core.rl.rewards import RewardFn, score_all
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.harvest import HarvestBuffer
@@ -59,6 +63,7 @@ from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
 from tlt_core.workers.watchdog import DrafterWatchdog
 
 TAIL_FRACTION = 0.25  # the tail: the running batch at or below this share of the step's peak
+OLD_LOGPROBS = ("auto", "rollout", "recompute")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,11 @@ class TrainConfig:
     tlt: bool = True  # adaptive SD + spot-trained drafter; False: the SD-off baseline
     max_batch: int = 64  # engine rows per rank
     suffix_drafts: bool = True  # suffix-match plans among the adaptive loop's arms
+    # The log-probs PPO's ratio divides by: "rollout" (the engine's, free; exact in float32),
+    # "recompute" (the trainer's own pass before the update, as veRL does), "auto" (recompute
+    # when the policy is not float32: in bf16 the engine's fused inference pass and the
+    # training pass round differently, by up to ~0.4 nats at a token on SmolLM2-135M)
+    old_logprobs: str = "auto"
 
     def __post_init__(self):
         positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
@@ -97,6 +107,9 @@ class TrainConfig:
             raise ValueError(f"kl_coef: must be >= 0, got {self.kl_coef}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt: GRPO compares samples of one prompt; need >= 2")
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ValueError(f"old_logprobs: must be one of {OLD_LOGPROBS}, got "
+                             f"{self.old_logprobs!r}")
 
 
 @dataclass(frozen=True)
@@ -129,14 +142,17 @@ class GRPODriver:
             raise ValueError(f"minibatch_size: {config.minibatch_size} is below the number of "
                              f"ranks ({self.group.world_size}); every rank needs a sequence")
         torch.manual_seed(config.seed)
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, betas=(0.9, 0.95),
+        # bf16/fp16 policies train with float32 master weights (tlt_core.rl.master_weights)
+        self.optimizer = MasterWeightAdamW(policy.parameters(), lr=config.lr, betas=(0.9, 0.95),
                                            weight_decay=0.0)
         self.reference = None
         if config.kl_coef > 0:
             self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
         self._ddp = None
         if self.group.distributed:
-            self._ddp = DistributedDataParallel(policy)
+            device = next(policy.parameters()).device
+            self._ddp = DistributedDataParallel(
+                policy, device_ids=[device.index] if device.type == "cuda" else None)
         max_len = max(len(p.ids) for p in self.prompts) + config.max_new_tokens
         engine_config = EngineConfig(max_batch=config.max_batch, max_len=max_len, seed=config.seed)
         self.drafter = drafter if config.tlt else None
@@ -226,16 +242,24 @@ class GRPODriver:
                    for first in range(0, len(by_length), config.minibatch_size)]
         random.Random(f"{config.seed}/{self.state.step}/minibatches").shuffle(batches)
         model = self._ddp if self._ddp is not None else self.policy
+        recompute = config.old_logprobs == "recompute" or (
+            config.old_logprobs == "auto" and self.optimizer.mixed)
+        mine_of = {number: [j for k, j in enumerate(batch) if k % group.world_size == group.rank]
+                   for number, batch in enumerate(batches)}
+        micros_of = {number: _micro_batches(rollouts, mine, config.micro_batch_tokens)
+                     for number, mine in mine_of.items()}
+        recomputed = self._recompute_logprobs(rollouts, micros_of, device) if recompute else {}
         self.policy.train()
         parts, gaps, norms = [], [], []
         for epoch in range(config.ppo_epochs):
             for number, batch in enumerate(batches):
-                mine = [j for k, j in enumerate(batch) if k % group.world_size == group.rank]
                 total_tokens = sum(len(rollouts[j].tokens) for j in batch)
-                micros = _micro_batches(rollouts, mine, config.micro_batch_tokens)
-                self.optimizer.zero_grad(set_to_none=True)
+                micros = micros_of[number]
+                self.optimizer.zero_grad()
                 for index, micro in enumerate(micros):
                     seqs, lengths, mask, old = _pack([rollouts[j] for j in micro], device)
+                    if recompute:  # the gap below is then the engine's vs the trainer's
+                        rollout_old, old = old, recomputed[tuple(micro)]
                     # DDP reduces the gradients once per mini-batch, at the rank's last micro-
                     # batch: ranks may run different numbers of them
                     last = index == len(micros) - 1
@@ -243,7 +267,8 @@ class GRPODriver:
                             self._ddp.no_sync():
                         logp = response_logprobs(model, seqs, lengths, mask, config.temperature)
                         if epoch == 0 and number == 0:  # before any update: the rollout's policy
-                            gaps.append(float(((logp.detach() - old) * mask).abs().max()))
+                            engine_logp = rollout_old if recompute else old
+                            gaps.append(float(((logp.detach() - engine_logp) * mask).abs().max()))
                         ref = None
                         if self.reference is not None:
                             with torch.no_grad():
@@ -257,10 +282,7 @@ class GRPODriver:
                         scale = local_tokens / max(total_tokens, 1) * group.world_size
                         (part.loss * scale).backward()
                     parts.append((part, local_tokens))
-                norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(),
-                                                      config.max_grad_norm)
-                self.optimizer.step()
-                norms.append(float(norm))
+                norms.append(self.optimizer.clip_and_step(config.max_grad_norm))
         self.policy.eval()
         weight = sum(t for _, t in parts) or 1.0
         return {"loss": sum(p.policy_loss * t for p, t in parts) / weight,
@@ -268,6 +290,20 @@ class GRPODriver:
                 "clip_fraction": sum(p.clip_fraction * t for p, t in parts) / weight,
                 "grad_norm": max(norms),
                 "logprob_gap": max(gaps) if gaps else 0.0}
+
+    def _recompute_logprobs(self, rollouts, micros_of: dict[int, list[list[int]]], device
+                            ) -> dict[tuple[int, ...], torch.Tensor]:
+        """The policy's own log-probs of every micro-batch (keyed by its rollout indices),
+        before any update, in the training pass: PPO's old log-probs when they are recomputed."""
+        out = {}
+        self.policy.eval()
+        with torch.no_grad():
+            for micros in micros_of.values():
+                for micro in micros:
+                    seqs, lengths, mask, _ = _pack([rollouts[j] for j in micro], device)
+                    out[tuple(micro)] = response_logprobs(self.policy, seqs, lengths, mask,
+                                                          self.config.temperature)
+        return out
 
     # ---- inputs --------------------------------------------------------------------------
 
@@ -292,8 +328,12 @@ class GRPODriver:
     # ---- checkpoints -----------------------------------------------------------------------
 
     def state_dict(self) -> dict:
+        """What evolves, and what a reader of the checkpoint needs to rebuild the policy:
+        `model_config` (its config.json dict; None for a policy that is not a tlt_core
+        Transformer) and `stop_ids` (the ids that end a response)."""
         state = {"step": self.state.step, "config": asdict(self.config),
                  "history": list(self.state.history),
+                 "model_config": _model_config(self.policy), "stop_ids": list(self.stop_ids),
                  "policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
         if self.reference is not None:
@@ -314,6 +354,12 @@ class GRPODriver:
             changed = sorted(k for k in mine if saved.get(k) != mine[k])
             raise ValueError(f"checkpoint: saved under another config ({', '.join(changed)} "
                              "differ); resume with the same settings (only steps may change)")
+        saved_model, my_model = state.get("model_config") or {}, _model_config(self.policy) or {}
+        if saved_model != my_model:
+            changed = sorted(k for k in saved_model.keys() | my_model.keys()
+                             if saved_model.get(k) != my_model.get(k))
+            raise ValueError(f"checkpoint: saved for a policy of another architecture "
+                             f"({', '.join(changed)} differ); resume with the same model")
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.reference is not None:
@@ -329,32 +375,26 @@ class GRPODriver:
         random.setstate(state["rng"]["python"])
         self.state = TrainState(int(state["step"]), list(state["history"]))
 
-    def save(self, path: str | Path) -> None:
-        """Atomically (a reader never sees half a checkpoint); rank 0 writes."""
+    def save(self, directory: str | Path, *, keep: int = 2) -> Path | None:
+        """Writes this step's checkpoint as directory/step-NNNNNN (NNNNNN = steps done) and
+        keeps the newest `keep` (tlt_core.rl.checkpoint_io.write_checkpoint); rank 0 writes and
+        returns the folder, the other ranks return None."""
         if self.group.rank != 0:
-            return
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(path.suffix + ".partial")
-        torch.save(self.state_dict(), partial)
-        partial.replace(path)
+            return None
+        return write_checkpoint(directory, self.state.step, self.state_dict(), keep=keep)
 
-    def resume(self, path: str | Path) -> None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"resume: no checkpoint at {path}")
-        self.load_state_dict(read_checkpoint(path))
+    def resume(self, folder: str | Path) -> None:
+        """Continues from a checkpoint folder `save` wrote (checkpoint_io.latest_checkpoint
+        finds the newest one of a directory)."""
+        try:
+            state = read_state(folder)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"resume: {error}") from None
+        self.load_state_dict(state)
 
 
-def read_checkpoint(path: str | Path) -> dict:
-    """A checkpoint written by GRPODriver.save, read with torch's weights-only unpickler:
-    tensors and plain data only, so loading a file can never run code from it."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise ValueError(f"checkpoint: {path} holds objects other than tensors and plain data, "
-                         f"which are refused (unpickling them could run code): "
-                         f"{str(error).splitlines()[0]}") from None
+def _model_config(policy: torch.nn.Module) -> dict | None:
+    return policy.config.to_hf_config() if isinstance(policy, Transformer) else None
 
 
 def _micro_batches(rollouts, indices: list[int], budget: int) -> list[list[int]]:
