@@ -1,19 +1,26 @@
-"""`tlt bench engine`: the engine's plain decoding throughput against Hugging Face transformers'
-`generate` on the same model and weights, side by side in one run.
+"""`tlt bench engine`: the engine's plain decoding against Hugging Face transformers' `generate`
+on the same model, weights and dtype, side by side in one run, with the machine's rooflines.
 
-The model is exported through our checkpoint format (save_checkpoint) and loaded by
-transformers, so both run identical weights in float32 on the CPU. Both decode greedily from
-the same equal-length prompts for exactly `new_tokens` tokens (no stop tokens; transformers with
-min_new_tokens = max_new_tokens), so they do the same work; a row reports generated tokens per
-second for each and ratio = ours / transformers.
+Both decode greedily from the same equal-length random prompts for exactly `new_tokens` tokens
+(no stop tokens; transformers with min_new_tokens = max_new_tokens), so they do the same work;
+ours and theirs alternate rep by rep (the machine is shared and noisy) and the best rep of each
+counts. A row reports generated tokens per second for each, ratio = ours / transformers, and two
+rooflines of a decoding step at that batch, from this machine's measured rates:
+
+- bandwidth: every weight read once per step (the decoder layers and the LM head; the KV cache
+  at these lengths is under 1% of it) over the measured read bandwidth (a large `sum`);
+- compute: 2 FLOPs per weight per row over the measured matmul rate (a large matmul in the
+  dtype).
+
+`roofline_share` = ours / min(bandwidth, compute roofline): how close we are to the nearer one.
 """
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -23,38 +30,79 @@ from tlt_core.model.checkpoint import save_checkpoint
 
 
 @dataclass(frozen=True)
+class MachineRates:
+    read_gb_s: float  # GB/s a large sum reads
+    matmul_tflop_s: float  # TFLOP/s of a large matmul in the dtype
+
+
+@dataclass(frozen=True)
 class EngineCase:
     batch: int
+    dtype: str
     ours_tok_s: float
     hf_tok_s: float
     ratio: float
+    bandwidth_roofline_tok_s: float
+    compute_roofline_tok_s: float
+    roofline_share: float
     new_tokens: int
     prompt_len: int
 
 
-def _median_time(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def measure_rates(dtype: torch.dtype, device: torch.device, reps: int = 5) -> MachineRates:
+    """The device's read bandwidth and matmul rate, best of `reps` (see the module docstring)."""
+    big = torch.ones(1 << 30 if device.type == "cuda" else 256 << 20, dtype=torch.uint8,
+                     device=device).view(dtype)  # past every cache
+    size = 8192 if device.type == "cuda" else 2048
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    big.sum(), torch.mm(a, b)  # untimed: first-call costs
+    read = min(_timed(big.sum, device) for _ in range(reps))
+    matmul = min(_timed(lambda: torch.mm(a, b), device) for _ in range(reps))
+    return MachineRates(big.nbytes / read / 1e9, 2 * size ** 3 / matmul / 1e12)
 
 
-def run(model: torch.nn.Module, batches=(1, 32), new_tokens: int = 128, prompt_len: int = 16,
-        reps: int = 3, seed: int = 0) -> list[EngineCase]:
+def weights_read_per_step(model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes, elements) of the weights a decoding step multiplies by: every decoder layer's
+    and the LM head (the embedding is a lookup, unless tied to the head)."""
+    seen, nbytes, elements = set(), 0, 0
+    for name, parameter in model.named_parameters():
+        if name == "model.embed_tokens.weight" and not model.config.tie_word_embeddings:
+            continue
+        if parameter.data_ptr() in seen:
+            continue
+        seen.add(parameter.data_ptr())
+        nbytes += parameter.nbytes
+        elements += parameter.numel()
+    return nbytes, elements
+
+
+def run(model: torch.nn.Module, *, folder: str | Path | None = None, batches=(1, 32),
+        new_tokens: int = 128, prompt_len: int = 16, reps: int = 3, seed: int = 0,
+        progress=print) -> list[EngineCase]:
+    """Rows for each batch size; `folder`: the checkpoint transformers loads (default: `model`
+    exported to a temporary folder); both run in `model`'s dtype on its device."""
     from transformers import AutoModelForCausalLM
 
+    dtype, device = model.lm_head.weight.dtype, model.lm_head.weight.device
+    with tempfile.TemporaryDirectory() as scratch:
+        if folder is None:
+            save_checkpoint(model, scratch)
+        hf_model = AutoModelForCausalLM.from_pretrained(folder or scratch, dtype=dtype)
+    hf_model = hf_model.to(device).eval()
+    rates = measure_rates(dtype, device)
+    weight_bytes, weight_elements = weights_read_per_step(model)
+    progress(f"machine: read {rates.read_gb_s:.1f} GB/s, {str(dtype)[6:]} matmul "
+             f"{rates.matmul_tflop_s:.2f} TFLOP/s; weights read per step "
+             f"{weight_bytes / 2**20:.0f} MiB")
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
-    with tempfile.TemporaryDirectory() as folder:
-        save_checkpoint(model, folder)
-        hf_model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     results = []
     for batch in batches:
-        prompts = torch.randint(3, vocab, (batch, prompt_len), generator=g)
+        prompts = torch.randint(3, vocab, (batch, prompt_len), generator=g).to(device)
         params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
-        engine = RolloutEngine(model, EngineConfig(max_batch=batch, max_len=prompt_len + new_tokens))
+        engine = RolloutEngine(model, EngineConfig(max_batch=batch,
+                                                   max_len=prompt_len + new_tokens))
         requests = [Request(p.tolist(), params) for p in prompts]
 
         def ours():
@@ -66,20 +114,41 @@ def run(model: torch.nn.Module, batches=(1, 32), new_tokens: int = 128, prompt_l
                                          max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                          do_sample=False, pad_token_id=0)
 
-        ours(), hf()  # untimed: one-time costs
-        ours_s, hf_s = _median_time(ours, reps), _median_time(hf, reps)
+        ours(), hf()  # untimed: one-time costs (kernel compilation per shape, packing)
+        ours_s = hf_s = float("inf")
+        for _ in range(reps):  # alternating, so both see the same machine
+            ours_s = min(ours_s, _timed(ours, device))
+            hf_s = min(hf_s, _timed(hf, device))
         tokens = batch * new_tokens
-        results.append(EngineCase(batch, tokens / ours_s, tokens / hf_s, hf_s / ours_s,
-                                  new_tokens, prompt_len))
+        bandwidth = batch / (weight_bytes / (rates.read_gb_s * 1e9))
+        compute = batch / (2 * weight_elements * batch / (rates.matmul_tflop_s * 1e12))
+        case = EngineCase(batch, str(dtype).removeprefix("torch."), tokens / ours_s,
+                          tokens / hf_s, hf_s / ours_s, bandwidth, compute,
+                          tokens / ours_s / min(bandwidth, compute), new_tokens, prompt_len)
+        progress(format_table([case], header=not results))
+        results.append(case)
     return results
+
+
+def _timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 def as_rows(results: list[EngineCase]) -> list[dict]:
     return [asdict(r) for r in results]
 
 
-def format_table(results: list[EngineCase]) -> str:
-    lines = [f"{'batch':>6}{'ours_tok_s':>12}{'hf_tok_s':>12}{'ratio':>8}"]
+def format_table(results: list[EngineCase], header: bool = True) -> str:
+    lines = [f"{'batch':>6}{'dtype':>10}{'ours_tok_s':>12}{'hf_tok_s':>11}{'ratio':>8}"
+             f"{'bw_roof':>10}{'flop_roof':>11}{'of_roof':>9}"] if header else []
     for r in results:
-        lines.append(f"{r.batch:>6}{r.ours_tok_s:>12.1f}{r.hf_tok_s:>12.1f}{r.ratio:>7.2f}x")
+        lines.append(f"{r.batch:>6}{r.dtype:>10}{r.ours_tok_s:>12.1f}{r.hf_tok_s:>11.1f}"
+                     f"{r.ratio:>7.2f}x{r.bandwidth_roofline_tok_s:>10.0f}"
+                     f"{r.compute_roofline_tok_s:>11.0f}{100 * r.roofline_share:>8.0f}%")
     return "\n".join(lines)

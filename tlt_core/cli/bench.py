@@ -17,6 +17,7 @@ from tlt_core.bench import engine as bench_engine
 from tlt_core.bench import kernels as bench_kernels
 from tlt_core.bench import lengths as bench_lengths
 from tlt_core.bench import peers as bench_peers
+from tlt_core.bench import prefill as bench_prefill
 from tlt_core.bench import rollout as bench_rollout
 from tlt_core.bench import simulate as bench_simulate
 from tlt_core.bench import speculative as bench_speculative
@@ -24,6 +25,7 @@ from tlt_core.bench import train as bench_train
 from tlt_core.embedded.task import length_stats
 from tlt_core.embedded.workload import load_embedded, load_pretrained
 from tlt_core.model.checkpoint import load_checkpoint
+from tlt_core.model.placement import resolve_placement
 from tlt_core.rl.driver import TrainConfig
 from tlt_core.sim.simulator import load_calibration
 
@@ -79,9 +81,33 @@ def add_parsers(commands) -> None:
     engine.add_argument("--model", type=Path, metavar="PATH",
                         help="a local Hugging Face checkpoint folder; default: the "
                              "pre-trained embedded model")
-    engine.add_argument("--batch", type=_int_list, default=[1, 32], help="batch sizes")
+    engine.add_argument("--batch", type=_int_list, default=[1, 8, 32, 64], help="batch sizes")
     engine.add_argument("--new-tokens", type=int, default=128, help="tokens generated per row")
-    engine.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
+    engine.add_argument("--reps", type=int, default=3,
+                        help="timed runs per case, alternating ours and theirs (best kept)")
+    engine.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
+                        default="auto", help="weights' dtype of both sides (auto: as tlt "
+                                             "generate chooses; the embedded model float32)")
+    engine.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
+                        help="where both sides run")
+
+    prefill = bench_kinds.add_parser(
+        "prefill", help="peak memory of prefilling long prompts, before and after the bounds",
+        description="Peak memory above the loaded model of prefilling --prompts prompts of "
+                    "--prompt-len tokens: logits at every position in one pass (no bounds), "
+                    "and the engine's token-budget admission with last-position logits. Each "
+                    "in a fresh process; the CPU by default.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    prefill.add_argument("--model", type=Path, metavar="DIR", required=True,
+                         help="a local Hugging Face checkpoint folder")
+    prefill.add_argument("--prompts", type=int, default=64, help="prompts prefilled together")
+    prefill.add_argument("--prompt-len", type=int, default=512, help="tokens per prompt")
+    prefill.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                         default="bfloat16", help="weights' dtype")
+    prefill.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                         help="where it runs")
+    prefill.add_argument("--json", type=Path, metavar="FILE", help="write the rows as JSON")
+    prefill.set_defaults(runner=run_prefill)
 
     speculative = bench_kinds.add_parser(
         "speculative", help="speculative rollout vs plain decoding, side by side",
@@ -237,12 +263,25 @@ def run_kernels(args: argparse.Namespace) -> int:
 
 
 def run_engine(args: argparse.Namespace) -> int:
-    model = (load_checkpoint(args.model) if args.model is not None
-             else load_embedded(with_drafter=False).target)
-    results = bench_engine.run(model.eval(), batches=args.batch, new_tokens=args.new_tokens,
-                               reps=args.reps)
-    print(bench_engine.format_table(results))
+    embedded = args.model is None
+    dtype = "float32" if embedded and args.dtype == "auto" else args.dtype
+    placement = resolve_placement(args.device, dtype)
+    print(f"tlt bench engine: {'the embedded model' if embedded else args.model}, "
+          f"{placement.describe()}", file=sys.stderr)
+    if embedded:
+        model = load_embedded(with_drafter=False).target.to(placement.device, placement.dtype)
+    else:
+        model = load_checkpoint(args.model, dtype=placement.dtype, device=placement.device)
+    results = bench_engine.run(model.eval(), folder=args.model, batches=args.batch,
+                               new_tokens=args.new_tokens, reps=args.reps)
     _write_rows(args.json, bench_engine.as_rows(results))
+    return 0
+
+
+def run_prefill(args: argparse.Namespace) -> int:
+    results = bench_prefill.run(args.model, prompts=args.prompts, prompt_len=args.prompt_len,
+                                dtype=args.dtype, device=args.device)
+    _write_rows(args.json, bench_prefill.as_rows(results))
     return 0
 
 

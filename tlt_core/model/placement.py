@@ -72,9 +72,29 @@ def resolve_placement(device: str = "auto", dtype: str = "auto") -> Placement:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """The most memory this process has held: CUDA's peak allocation on `device` (since the
-    last torch.cuda.reset_peak_memory_stats), or on the CPU the peak resident set size."""
+    """The most memory this process has held since the last `reset_peak_memory`: CUDA's peak
+    allocation on `device`, or on the CPU the peak resident set size (Linux's VmHWM, else the
+    process's lifetime peak)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak * (1 if os.uname().sysname == "Darwin" else 1024)  # macOS: bytes, Linux: KiB
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Restart `peak_memory_bytes` from what the process holds now (where the system allows:
+    CUDA, and Linux's clear_refs for the resident set)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
