@@ -6,7 +6,8 @@
 #   bash bench/gpu_check.sh OUT_DIR
 #
 # OUT_DIR/environment.json  GPU, torch, nvcc
-# OUT_DIR/gpu_tests.xml     JUnit report of the GPU tests (CUDA = CPU = reference, CuPy round trip)
+# OUT_DIR/gpu_tests.xml     JUnit report of the GPU tests (CUDA = CPU = reference, CuPy round trip,
+#                           bf16 placement with fused views and bounded prefill memory)
 # OUT_DIR/gpu_tests.log     their console output
 # OUT_DIR/kernels_cuda.json `tlt bench kernels --device cuda --baseline cpu_fused` rows
 # OUT_DIR/nvml_trace_h200.json  an NVML utilization trace for tests/test_idle.py
@@ -40,7 +41,7 @@ PY
 "$PYTHON" bench/record_nvml_trace.py "$OUT_DIR/nvml_trace_h200.json" 2>&1 | tail -2 || true
 export TLT_NVML_TRACE="$OUT_DIR/nvml_trace_h200.json"
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_arrays_and_random.py \
-  tests/test_gpu_engine.py tests/test_idle.py tests/test_graph_pool.py \
+  tests/test_gpu_engine.py tests/test_idle.py tests/test_graph_pool.py tests/test_gpu_placement.py \
   --junitxml="$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log" || true
 if [ "${TLT_GPU_ROLLOUT:-1}" = 1 ]; then
   "$PYTHON" bench/gpu_rollout.py "$OUT_DIR" --device cuda 2>&1 | tee "$OUT_DIR/gpu_rollout.log" || true
