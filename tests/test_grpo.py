@@ -1,5 +1,7 @@
-"""GRPO math against hand-derived numbers; rollout log-probs equal the trainer's recomputation."""
+"""GRPO math against hand-derived numbers; rollout log-probs equal the trainer's recomputation;
+PPO's old log-probs come from the source TrainConfig.old_logprobs names."""
 
+import copy
 import math
 
 import pytest
@@ -9,7 +11,8 @@ from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.rl.grpo import group_advantages, ppo_clip_loss, response_logprobs
 from tlt_core.drafting.tree import Strategy
-from tlt_core.rl.driver import _pack
+import tlt_core.rl.driver as driver_module
+from tlt_core.rl.driver import GRPODriver, Prompt, TrainConfig, _pack
 
 
 def test_advantages_by_hand():
@@ -72,3 +75,96 @@ def test_rollout_logprobs_equal_the_trainers_recomputation(models, strategy):
     with torch.no_grad():
         new = response_logprobs(target, sequences, lengths, mask, temperature=0.8)
     assert float((new - old).abs().max()) < 1e-4
+
+
+# Old log-probs: "rollout" divides by the engine's, "recompute" by the trainer's own pass before
+# any update ("auto": recompute exactly when the policy is not float32).
+
+def distinct_tokens(prompt: str, response: str, reference: str) -> float:
+    """A reward that differs between samples, so that advantages are not all 0."""
+    return float(len(set(response.split())))
+
+
+def spied_step(monkeypatch, dtype: torch.dtype, old_logprobs: str, minibatch_size: int = 4):
+    """One GRPO step of the tiny target in `dtype` on 2 prompts x 2 samples (one micro-batch per
+    mini-batch), and what the trainer did: ("pack", _pack's output) and ("loss", ppo_clip_loss's
+    logp, old, advantages, mask) in call order, the metrics, and the policy as it rolled out."""
+    events = []
+
+    def pack(rollouts, device):
+        out = _pack(rollouts, device)  # the driver's own, imported before the patch
+        events.append(("pack", out))
+        return out
+
+    def loss(logp, old, advantages, mask, *args):
+        events.append(("loss", (logp.detach(), old, advantages, mask)))
+        return ppo_clip_loss(logp, old, advantages, mask, *args)
+
+    monkeypatch.setattr(driver_module, "_pack", pack)
+    monkeypatch.setattr(driver_module, "ppo_clip_loss", loss)
+    policy = tiny_target(sharpen=2.0).to(dtype)
+    prompts = [Prompt(str(p), tuple(p), "") for p in PROMPTS[:4]]
+    config = TrainConfig(steps=1, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6,
+                         lr=1e-2, minibatch_size=minibatch_size, max_batch=4, tlt=False,
+                         old_logprobs=old_logprobs)
+    trainer = GRPODriver(policy, prompts, distinct_tokens, lambda ids: " ".join(map(str, ids)),
+                         (), config)
+    before = copy.deepcopy(policy)
+    metrics = trainer.step()
+    return events, metrics, before
+
+
+def loss_calls(events):
+    """(packed micro-batch, ppo_clip_loss's arguments) of each loss call: the pack just before
+    it is its micro-batch's."""
+    calls, packed = [], None
+    for kind, value in events:
+        if kind == "pack":
+            packed = value
+        else:
+            calls.append((packed, value))
+    return calls
+
+
+@pytest.mark.parametrize("dtype, old_logprobs, recomputes", [
+    (torch.bfloat16, "recompute", True), (torch.bfloat16, "auto", True),
+    (torch.bfloat16, "rollout", False), (torch.float32, "rollout", False),
+    (torch.float32, "auto", False), (torch.float32, "recompute", True)])
+def test_first_ratio_is_one_when_recomputed_and_the_gap_is_the_engines(monkeypatch, dtype,
+                                                                      old_logprobs, recomputes):
+    events, metrics, _ = spied_step(monkeypatch, dtype, old_logprobs)
+    [((_, _, _, engine_logp), (logp, old, advantages, mask))] = loss_calls(events)  # 1 batch
+    assert advantages.abs().max() > 0  # the loss below has something to weigh
+    if recomputes:
+        assert torch.equal(old, logp)  # ratio exp(logp - old) = 1 exactly, at every token
+        assert metrics["clip_fraction"] == 0.0
+        # at ratio 1 the surrogate is A itself: L = -(1/#tokens) sum_b A_b n_b
+        assert metrics["loss"] == pytest.approx(float(-(advantages[:, None] * mask).sum()
+                                                      / mask.sum()), rel=1e-6)
+    else:
+        assert torch.equal(old, engine_logp)  # the rollout's own log-probs
+    # logprob_gap compares the engine with the trainer whichever old log-probs PPO divides by
+    assert metrics["logprob_gap"] == float(((logp - engine_logp) * mask).abs().max())
+    if dtype == torch.float32:
+        assert metrics["logprob_gap"] < 1e-4  # SD is lossless: ~0 in float32
+    else:  # the engine's fused bf16 pass rounds differently: recomputing is what fixes ratio 1
+        assert metrics["logprob_gap"] > 1e-3
+
+
+def test_recomputed_old_logprobs_are_the_pre_update_policys_in_every_minibatch(monkeypatch):
+    """Two mini-batches: the second one's old log-probs are still the rollout policy's (computed
+    before the first update), not the updated policy's."""
+    events, _, before = spied_step(monkeypatch, torch.bfloat16, "recompute", minibatch_size=2)
+    calls = loss_calls(events)
+    assert len(calls) == 2
+    for (sequences, lengths, mask, _), (logp, old, _, _) in calls:
+        with torch.no_grad():
+            expected = response_logprobs(before, sequences, lengths, mask)
+        assert torch.equal(old, expected)
+    second_logp, second_old = calls[1][1][:2]
+    assert not torch.equal(second_logp, second_old)  # the first update moved the policy
+
+
+def test_old_logprobs_must_be_a_known_source():
+    with pytest.raises(ValueError, match="^old_logprobs: .*'engine'"):
+        TrainConfig(old_logprobs="engine")

@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from tlt_core.model.placement import DEVICES, resolve_placement
 from tlt_core.model.transformer import ModelConfig, Transformer, rope_inv_freq
 
 CONFIG_FILE = "config.json"
@@ -25,9 +26,12 @@ INDEX_FILE = "model.safetensors.index.json"
 SHOW_NAMES = 5  # names listed in an error before "..."
 
 
-def load_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32,
+def load_checkpoint(path: str | Path, *, dtype: torch.dtype | str = torch.float32,
                     device: torch.device | str = "cpu") -> Transformer:
-    """The model stored in the HF folder `path`, its weights cast to `dtype` on `device`."""
+    """The model stored in the HF folder `path`, its weights cast to `dtype` on `device`: torch
+    objects, or the names `--dtype` / `--device` take (tlt_core.model.placement; "auto" dtype
+    is chosen for the device)."""
+    dtype, device = _torch_dtype_and_device(dtype, device)
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"path: checkpoint folder {folder} does not exist")
@@ -57,7 +61,7 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32,
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     model.model.rotary_emb.inv_freq = rope_inv_freq(config, device)  # the one tensor not stored
-    if torch.device(device).type != "cpu":  # the views layout there: fused, never copied
+    if device.type != "cpu":  # the views layout there: fused, never copied
         model.fuse_projections_()
     return model.eval()
 
@@ -77,6 +81,23 @@ def save_checkpoint(model: Transformer, path: str | Path, *,
         del state["lm_head.weight"]
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def _torch_dtype_and_device(dtype: torch.dtype | str, device: torch.device | str
+                            ) -> tuple[torch.dtype, torch.device]:
+    """(dtype, device) as torch objects: placement names go through resolve_placement (its
+    errors name the argument); torch objects and device strings such as "cuda:1" are kept."""
+    if isinstance(device, str) and device in DEVICES:
+        device = resolve_placement(device, "float32").device  # CUDA checked, LOCAL_RANK's index
+    else:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"device: expected one of {DEVICES} or a torch device, got "
+                             f"{device!r}") from err
+    if not isinstance(dtype, torch.dtype):  # a name; auto's choice depends on the device type
+        dtype = resolve_placement(device.type, dtype).dtype
+    return dtype, device
 
 
 def _own_storage(tensor: torch.Tensor) -> torch.Tensor:
