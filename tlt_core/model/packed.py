@@ -50,7 +50,7 @@ class PackedLayer:
     gate_up: torch.Tensor | tuple[torch.Tensor, ...]  # [gate | up], 2 I out
     down: torch.Tensor  # I -> H
     qk_norm: torch.Tensor | None  # (H_q + H_kv, d): q_norm's weight per q head, k_norm's per k head
-    # None when folded into qkv / gate_up (fold layout); else the layer's own RMSNorm, which
+    # None when folded into qkv / gate_up (float32 weights); else the layer's own RMSNorm, which
     # normalises in float32 whatever the weights' dtype, as transformers does. A layer without
     # an input norm (nn.Identity: the EAGLE-1 drafter) keeps its Identity here: no
     # normalisation at all.
@@ -60,7 +60,8 @@ class PackedLayer:
 
 def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int, layout: str) -> PackedLayer:
     attn, mlp = layer.self_attn, layer.mlp
-    fold = layout == "fold"
+    # Folding the norms' weights needs float32 matrices (a bf16 product would round them)
+    fold = layout == "fold" or (layout == "onednn" and attn.q_proj.weight.dtype == torch.float32)
     no_input_norm = isinstance(layer.input_layernorm, nn.Identity)
     # rms_norm(x) * w @ W.T == (x * rsqrt(...)) @ (W * w).T: the norm's weight scales W's inputs
     input_scale = layer.input_layernorm.weight if fold and not no_input_norm else None
