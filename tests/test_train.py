@@ -127,6 +127,41 @@ def _rank_main(rank, world, rendezvous, out):
     os._exit(0)  # see test_workers: leave without C++ static teardown
 
 
+def _bf16_rank_main(rank, world, rendezvous, out):
+    """One GRPO step of a bf16 policy over gloo; writes this rank's weights."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                            world_size=world)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    trainer = GRPODriver(tiny_target(sharpen=2.0).to(torch.bfloat16), toy_prompts(),
+                         toy_reward, detokenize, (), small(steps=1))
+    metrics = trainer.step()
+    torch.save({"weights": [p.detach().float().clone() for p in trainer.policy.parameters()],
+                "reward": metrics["reward"]}, f"{out}.{rank}")
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)  # see test_workers: leave without C++ static teardown
+
+
+@pytest.mark.slow
+def test_two_ranks_train_a_bf16_policy_in_lockstep(tmp_path):
+    """bf16 gradients all-reduce over gloo (the CPU's multi-rank backend), and the float32
+    master weights leave both ranks with the same bf16 weights, changed by the step."""
+    out = str(tmp_path / "weights")
+    mp.spawn(_bf16_rank_main, args=(2, str(tmp_path / "rendezvous"), out), nprocs=2, join=True)
+    ranks = [torch.load(f"{out}.{rank}") for rank in range(2)]
+    assert ranks[0]["reward"] == ranks[1]["reward"]
+    initial = tiny_target(sharpen=2.0).to(torch.bfloat16)
+    moved = False
+    for first, second, start in zip(ranks[0]["weights"], ranks[1]["weights"],
+                                    initial.parameters()):
+        assert torch.equal(first, second)
+        moved |= not torch.equal(first, start.detach().float())
+    assert moved
+
+
 @pytest.mark.slow
 def test_two_ranks_equal_one_rank(tmp_path):
     out = tmp_path / "rank0.json"

@@ -60,6 +60,8 @@ _HELP = {
            "decoding only, the SD-off baseline)",
     "suffix_drafts": "suffix-match drafts (copied from sibling and earlier responses) among "
                      "the adaptive loop's plans",
+    "old_logprobs": "the log-probs PPO's ratio divides by: rollout (the engine's), recompute "
+                    "(the trainer's own pass first), auto (recompute for bf16/fp16 policies)",
 }
 
 
