@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from tlt_core.model.checkpoint import save_checkpoint
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, load_export, read_provenance, target_sha256
+from tlt_core.drafting.export import (EXPORT_FORMATS, export_drafter, load_drafter, load_export,
+                                      read_provenance, target_sha256)
 from tlt_core.cli.export import add_arguments
 from tlt_core.model.transformer import ModelConfig, Transformer
 from tlt_core.drafting.tree import Strategy, draft_tree
@@ -125,6 +126,21 @@ def test_export_read_back_drafts_identically(target, drafter, to, tmp_path):
     assert [r.tokens.tolist() for r in results[0].rollouts] == \
         [r.tokens.tolist() for r in results[1].rollouts]
     assert results[0].acceptance_length == results[1].acceptance_length
+
+
+def test_drafter_flag_takes_saved_folders_and_both_exports(target, drafter, tmp_path):
+    """load_drafter (what --drafter uses) tells the folders apart by their files."""
+    drafter.save(tmp_path / "saved")
+    folders = [tmp_path / "saved"] + [export_drafter(drafter, tmp_path / to, to, PROVENANCE)
+                                      for to in EXPORT_FORMATS]
+    for folder in folders:
+        loaded = load_drafter(folder, target)
+        assert loaded.config.form == "eagle"
+        assert all(torch.equal(loaded.state_dict()[k], v)
+                   for k, v in drafter.state_dict().items()), folder
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="drafter: .*neither drafter_config.json"):
+        load_drafter(tmp_path / "empty", target)
 
 
 def test_eagle_layout_follows_sglang(target, drafter, tmp_path):

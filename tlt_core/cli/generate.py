@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
 from tlt_core.cli.options import add_dataclass_arguments, dataclass_from_args
-from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.export import load_drafter
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.workload import load_embedded
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
@@ -136,7 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "pre-trained embedded model, whose prompts are countdown sums "
                              "such as 37+04)")
     parser.add_argument("--drafter", type=Path, metavar="DIR",
-                        help="a drafter folder (Drafter.save) trained for the model (default: "
+                        help="a drafter trained for the model: a folder Drafter.save wrote, or a "
+                             "`tlt export drafter` export (EAGLE or speculators) (default: "
                              "the embedded drafter with the embedded model; none with --model, "
                              "which then decodes plainly)")
     add_dataclass_arguments(parser, GenerateConfig, _HELP)
@@ -177,7 +178,7 @@ def embedded_text_model(drafter_folder: Path | None, want_drafter: bool,
     if drafter is not None:
         drafter = drafter.to(**to).eval()
     elif want_drafter:
-        drafter = Drafter.load(drafter_folder, target).eval()
+        drafter = load_drafter(drafter_folder, target).eval()
     tokenizer = workload.tokenizer
     return TextModel(target, drafter, tokenizer.prompt_ids, tokenizer.decode_response,
                      (tokenizer.eos_id,), "the pre-trained embedded model")
@@ -190,7 +191,7 @@ def checkpoint_text_model(folder: Path, drafter_folder: Path | None, want_drafte
     drafter_folder (if any)."""
     prompt_format = load_prompt_format(folder, chat_template, system_prompt)
     target = load_checkpoint(folder, dtype=placement.dtype, device=placement.device)
-    drafter = (Drafter.load(drafter_folder, target).eval()
+    drafter = (load_drafter(drafter_folder, target).eval()
                if want_drafter and drafter_folder is not None else None)
     tokenizer = prompt_format.tokenizer
     return TextModel(target, drafter, prompt_format.encode, tokenizer.decode,

@@ -101,8 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts with reference answers (needed with --model): JSONL, "
                              "Parquet, CSV or JSON, or a Hugging Face datasets folder")
     parser.add_argument("--drafter", type=Path, metavar="DIR",
-                        help="a drafter folder for --model (without one, TLT uses suffix-match "
-                             "drafts only)")
+                        help="a drafter for --model: a Drafter.save folder or a `tlt export "
+                             "drafter` export (without one, TLT uses suffix-match drafts only)")
     parser.add_argument("--prompt-field", metavar="NAME",
                         help="the data's prompt field (default: the first of prompt, question, "
                              "problem, messages it has); a list of chat messages is a chat")

@@ -67,7 +67,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tlt_core._version import __version__
-from tlt_core.drafting.drafter import Drafter, DrafterConfig
+from tlt_core.drafting.drafter import DRAFTER_CONFIG_FILE, Drafter, DrafterConfig
 from tlt_core.model.transformer import ARCHITECTURES, Transformer
 
 EXPORT_FORMATS = ("eagle", "speculators")
@@ -215,6 +215,20 @@ def load_export(folder: str | Path, target: Transformer) -> Drafter:
                          f"{sorted(unexpected)}; tensors missing: {missing}")
     drafter.load_state_dict(state, strict=True)
     return drafter.eval()
+
+
+def load_drafter(folder: str | Path, target: Transformer) -> Drafter:
+    """A drafter for `target` from any folder tlt_core writes, told apart by its files: one
+    saved by Drafter.save (drafter_config.json) or an export in either layout (config.json),
+    so `--drafter` takes what `tlt export drafter` wrote."""
+    folder = Path(folder)
+    if (folder / DRAFTER_CONFIG_FILE).is_file():
+        return Drafter.load(folder, target)
+    if (folder / CONFIG_FILE).is_file():
+        return load_export(folder, target)
+    raise FileNotFoundError(f"drafter: {folder} has neither {DRAFTER_CONFIG_FILE} (a drafter "
+                            f"saved by tlt_core) nor {CONFIG_FILE} (an EAGLE or speculators "
+                            "export)")
 
 
 def read_provenance(folder: str | Path) -> dict:

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.export import load_drafter
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.placement import Placement
 from tlt_core.model.prompt_format import load_prompt_format
@@ -57,7 +58,7 @@ def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_
                                                            else e.prompt)), e.answer)
                for e in data.examples]
     policy = load_checkpoint(model_path, dtype=placement.dtype, device=placement.device)
-    drafter = Drafter.load(drafter_path, policy) if drafter_path is not None else None
+    drafter = load_drafter(drafter_path, policy) if drafter_path is not None else None
     fields = f"fields {data.prompt_key!r} / {data.answer_key!r}"
     return TrainInputs(policy, drafter, prompts, prompts[:4], reward_fn,
                        lambda ids: tokenizer.decode(ids), tuple(tokenizer.eos_ids),
