@@ -8,8 +8,9 @@ engine's memory bounds, on the same model in one run.
 
 Each variant runs in a fresh process (peak memory is a process's high-water mark), which loads
 the model, records its memory, prefills, and reports the peak above what it held before
-(CUDA: peak allocation; CPU: peak resident set, its high-water mark reset first). Seconds are
-the prefill's own.
+(CUDA: peak allocation; CPU: peak resident set, its high-water mark reset first); both include
+what the first pass allocates besides logits (a layout's packed copy of the weights, caches).
+Seconds are the prefill's own.
 """
 
 from __future__ import annotations
@@ -56,8 +57,7 @@ def _measure(folder: str, variant: str, prompts: int, prompt_len: int, dtype: st
         cache = KVCache(shape, dtype=cache_dtype(model.lm_head.weight.dtype, placement),
                         device=placement)
     reset_peak_memory(placement)
-    before = (torch.cuda.memory_allocated(placement) if placement.type == "cuda"
-              else _resident_bytes())
+    before = peak_memory_bytes(placement)  # just reset: what the process holds now
     start = time.perf_counter()
     with torch.no_grad():
         if variant == "engine":
@@ -67,11 +67,6 @@ def _measure(folder: str, variant: str, prompts: int, prompt_len: int, dtype: st
             model.step(ids.to(placement), positions, cache)
     seconds = time.perf_counter() - start
     queue.put((peak_memory_bytes(placement) - before, seconds))
-
-
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * 4096
 
 
 def run(folder: str | Path, *, prompts: int = 64, prompt_len: int = 512,

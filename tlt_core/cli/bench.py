@@ -25,7 +25,7 @@ from tlt_core.bench import train as bench_train
 from tlt_core.embedded.task import length_stats
 from tlt_core.embedded.workload import load_embedded, load_pretrained
 from tlt_core.model.checkpoint import load_checkpoint
-from tlt_core.model.placement import resolve_placement
+from tlt_core.cli.model_options import placement_from_args
 from tlt_core.rl.driver import TrainConfig
 from tlt_core.sim.simulator import load_calibration
 
@@ -264,10 +264,7 @@ def run_kernels(args: argparse.Namespace) -> int:
 
 def run_engine(args: argparse.Namespace) -> int:
     embedded = args.model is None
-    dtype = "float32" if embedded and args.dtype == "auto" else args.dtype
-    placement = resolve_placement(args.device, dtype)
-    print(f"tlt bench engine: {'the embedded model' if embedded else args.model}, "
-          f"{placement.describe()}", file=sys.stderr)
+    placement = placement_from_args(args, "tlt bench engine", embedded=embedded)
     if embedded:
         model = load_embedded(with_drafter=False).target.to(placement.device, placement.dtype)
     else:

@@ -376,7 +376,7 @@ def _print_stats(model: TextModel, placement: Placement, stderr: TextIO) -> None
     kind = "peak CUDA allocation" if placement.device.type == "cuda" else "peak resident set"
     extra = model.target.inference_copy_bytes()
     print(f"stats: {kind} {peak / 2**20:.0f} MiB; packed weights' extra copy "
-          f"{extra / 2**20:.0f} MiB ({model.target._decoder.layers.layout} layout)", file=stderr)
+          f"{extra / 2**20:.0f} MiB ({model.target.inference_layout_in_use} layout)", file=stderr)
 
 
 def _interactive(model: TextModel, config: GenerateConfig, as_json: bool, stdin: TextIO,

@@ -390,6 +390,11 @@ class Transformer(nn.Module):
                                        logit_index)
         return ModelOutput(logits, hidden)
 
+    @property
+    def inference_layout_in_use(self) -> str:
+        """The layout `step` last packed its weights in ("auto" resolved)."""
+        return self._decoder.layers.layout
+
     def inference_copy_bytes(self) -> int:
         """Memory `step`'s packed weights take beyond the parameters (0 in the views layout)."""
         return self._decoder.copy_bytes()

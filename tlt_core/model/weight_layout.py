@@ -10,9 +10,9 @@ inference_layout`):
 - "onednn" (bfloat16, and larger float32 models, on the CPU): each matrix prepacked once in
   oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`; float32 ones with the
   norms folded in first) and multiplied with `_linear_pointwise`. In bf16 the same bits as
-  `F.linear`, which reorders the weight on every call: at small batch that reorder is most of
-  the cost, and prepacking makes a 135M model's decoding step 2-3x faster on this project's
-  CPUs (`tlt bench engine`).
+  `F.linear`, which reorders the weight on every call; prepacking once makes SmolLM2-135M's
+  whole bf16 decoding step 1.4x faster at batch 1 and 1.2x at batch 32 on this project's CPUs
+  (`python bench/profile_step.py --model DIR`).
 - "views" (CUDA, or any copy over the memory budget): the parameters themselves, no copy.
   q|k|v and gate|up run as one matmul when the parameters are adjacent views of one tensor
   (`fuse_projections_`, which `load_checkpoint` applies), else as separate matmuls.
@@ -31,9 +31,9 @@ import torch.nn.functional as F
 LAYOUTS = ("auto", "fold", "onednn", "views")
 COPY_BUDGET_SHARE = 0.25  # of physical memory: the most a packed copy may take
 # Below this many bytes of layer weights a float32 model's step is dispatch-bound and "fold"
-# (fewer ops) wins; above it oneDNN's prepacked products do. Measured, decoding tokens/s of
-# onednn over fold: SmolLM2-135M (400 MiB) 1.5x at batch 1, 2.4x at 32; the embedded model
-# (6 MiB) 0.7x at batch 1, 1.1x at 32.
+# (fewer ops) wins; above it oneDNN's prepacked products do. Decoding tokens/s of onednn over
+# fold (bench/profile_step.py --dtype float32): SmolLM2-135M (400 MiB) 1.8x at batch 1, 2.4x at
+# 32; the embedded model (6 MiB) 0.6x at batch 1, 0.9x at 32.
 ONEDNN_MIN_BYTES = 64 << 20
 
 

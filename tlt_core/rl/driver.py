@@ -87,7 +87,8 @@ class TrainConfig:
     # The log-probs PPO's ratio divides by: "rollout" (the engine's, free; exact in float32),
     # "recompute" (the trainer's own pass before the update, as veRL does), "auto" (recompute
     # when the policy is not float32: in bf16 the engine's fused inference pass and the
-    # training pass round differently, by up to ~0.4 nats at a token on SmolLM2-135M)
+    # training pass round differently, by up to 0.4-0.6 nats at a token on SmolLM2-135M in
+    # `tlt train --model` on the arithmetic set)
     old_logprobs: str = "auto"
 
     def __post_init__(self):
