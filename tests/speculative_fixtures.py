@@ -23,15 +23,17 @@ def tiny_target(vocab: int = VOCAB, seed: int = 0, sharpen: float = 8.0) -> Tran
     return model
 
 
-def train_drafter(target: Transformer, steps: int = 150, **config) -> Drafter:
-    """A drafter trained briefly on the target's own greedy continuations of random prompts."""
+def train_drafter(target: Transformer, steps: int = 150, draft_to_target=None,
+                  **config) -> Drafter:
+    """A drafter trained briefly on the target's own greedy continuations of random prompts;
+    config: DrafterConfig's fields (draft_to_target with its draft_vocab)."""
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, target.config.vocab_size, (4,), generator=g).tolist()
                for _ in range(64)]
     engine = RolloutEngine(target, EngineConfig(max_batch=64, max_len=40))
     rollouts = engine.generate([Request(p, SamplingParams(temperature=0.0, max_tokens=32))
                                 for p in prompts]).rollouts
-    drafter = Drafter(target, DrafterConfig(**config))
+    drafter = Drafter(target, DrafterConfig(**config), draft_to_target)
     records = collect_records(target, [list(r.prompt_ids) + r.tokens.tolist() for r in rollouts],
                               drafter.config.feature_layers)
     optimizer, order = make_optimizer(drafter, 3e-3), random.Random(0)

@@ -3,7 +3,6 @@ transformers' fast backend) whose ids, special tokens, chat ids and saved files 
 transformers'."""
 
 import json
-from pathlib import Path
 
 import pytest
 

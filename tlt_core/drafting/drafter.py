@@ -23,6 +23,14 @@ The default is "eagle" for a drafter that reads the last layer alone (it also dr
 acceptance 5.6-5.8 against 4.4-4.9 for "tlt" on the embedded model, same training budget), and
 "tlt" for several feature layers (EAGLE-3 style fusion, which only form "tlt" has).
 
+Reduced draft vocabulary (EAGLE-3's d2t, FR-Spec): with `draft_vocab` V' set, the drafter's head
+is the target's LM head restricted to V' target ids (`draft_to_target`, ascending; in practice
+the V' most frequent tokens of the target's own outputs), so its logits are (..., V') and the
+tree maps the ids it picks back with `to_target_ids`. The rows are gathered from the target's
+head when it changes (its version counter), not per call. Verification is unchanged: drafts are
+deterministic, so a draft that can never propose some tokens only accepts less, never skews
+what is sampled.
+
 The embedding, final norm and LM head are the target's own tensors, used detached: they are
 never copied into the drafter, never receive gradients and are never written (the drafter holds
 the target outside its module tree, so its state_dict, parameters() and .to() never include
@@ -67,6 +75,9 @@ class DrafterConfig:
     # norm, no norm before the head; exportable to SGLang and speculators). None: "eagle" for
     # feature_layers (-1,), "tlt" for several layers.
     form: str | None = None
+    # V': the head covers only these many target ids (`Drafter.draft_to_target`); None: the
+    # target's whole vocabulary.
+    draft_vocab: int | None = None
 
     def __post_init__(self):
         layers = tuple(int(i) for i in self.feature_layers)
@@ -74,6 +85,10 @@ class DrafterConfig:
             raise ValueError(f"feature_layers: need one or more distinct layer indices, got "
                              f"{self.feature_layers!r}")
         object.__setattr__(self, "feature_layers", layers)
+        if self.draft_vocab is not None and (not isinstance(self.draft_vocab, int)
+                                             or self.draft_vocab < 1):
+            raise ValueError(f"draft_vocab: must be an int >= 1 or None, got "
+                             f"{self.draft_vocab!r}")
         if self.form is None:
             object.__setattr__(self, "form", "eagle" if layers == (-1,) else "tlt")
         if self.form not in FORMS:
@@ -85,13 +100,20 @@ class DrafterConfig:
 
 
 class Drafter(nn.Module):
-    def __init__(self, target: Transformer, config: DrafterConfig = DrafterConfig()):
+    def __init__(self, target: Transformer, config: DrafterConfig = DrafterConfig(),
+                 draft_to_target: torch.Tensor | Sequence[int] | None = None):
+        """draft_to_target: the V' target ids of a reduced draft vocabulary (distinct, in
+        [0, V)); needed when config.draft_vocab is set, unless a state_dict is loaded next."""
         super().__init__()
         layers = target.config.num_layers
         bad = [i for i in config.feature_layers if not -layers <= i < layers]
         if bad:
             raise ValueError(f"feature_layers: layer {bad[0]} is out of range for a target with "
                              f"{layers} layers")
+        vocab = target.config.vocab_size
+        if config.draft_vocab is not None and config.draft_vocab > vocab:
+            raise ValueError(f"draft_vocab: {config.draft_vocab} exceeds the target's "
+                             f"vocabulary ({vocab})")
         self.config = config
         self._target = (target,)  # a tuple hides it from nn.Module: shared, not owned
         hidden = target.config.hidden_size
@@ -102,11 +124,46 @@ class Drafter(nn.Module):
         if config.form == "eagle":  # EAGLE-1: the layer's input is not normalised (cnets.py)
             self.layer.input_layernorm = nn.Identity()
         self._packed = PackedLayers(lambda: [self.layer], target.config)  # for inference
+        if config.draft_vocab is not None:
+            ids = (torch.arange(config.draft_vocab) if draft_to_target is None
+                   else _draft_ids(draft_to_target, config.draft_vocab, vocab))
+            self.register_buffer("draft_to_target", ids)
+        elif draft_to_target is not None:
+            raise ValueError("draft_to_target: given without config.draft_vocab")
+        else:
+            self.draft_to_target = None
+        self._head_rows: tuple[tuple, torch.Tensor] | None = None  # (target head's version, rows)
         self.to(dtype=target.lm_head.weight.dtype, device=target.lm_head.weight.device)
 
     @property
     def target(self) -> Transformer:
         return self._target[0]
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of logits(): V' with a reduced draft vocabulary, else the target's V."""
+        if self.draft_to_target is not None:
+            return self.draft_to_target.shape[0]
+        return self.target.config.vocab_size
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Indices into logits()'s last dimension -> target token ids (the same tensor when the
+        vocabulary is not reduced)."""
+        if self.draft_to_target is None:
+            return draft_ids
+        return self.draft_to_target[draft_ids]
+
+    def head(self) -> torch.Tensor:
+        """(V', H) the LM head rows the drafter scores (the target's head, detached, or its rows
+        at draft_to_target, gathered again only after the target's head changed)."""
+        head = self.target.lm_head.weight.detach()
+        if self.draft_to_target is None:
+            return head
+        key = (head.data_ptr(), head._version, head.dtype, self.draft_to_target.data_ptr(),
+               self.draft_to_target._version)
+        if self._head_rows is None or self._head_rows[0] != key:
+            self._head_rows = key, head.index_select(0, self.draft_to_target)
+        return self._head_rows[1]
 
     def new_cache(self, batch: int, max_len: int, budget_bytes: int | None = None) -> KVCache:
         c = self.target.config
@@ -156,13 +213,13 @@ class Drafter(nn.Module):
         return self.layer(h, cos, sin, plan, None if cache is None else cache.layer(0))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., H) drafter outputs -> (..., V) float32 logits, through the target's LM head
-        (detached), after its final norm in form "tlt"; form "eagle" applies none (its outputs
-        predict the normed hidden state, as EAGLE-1's do)."""
-        head = self.target.lm_head.weight.detach()
+        """(..., H) drafter outputs -> (..., V') float32 logits over the draft vocabulary
+        (to_target_ids maps an index to its token), through the target's LM head (detached),
+        after its final norm in form "tlt"; form "eagle" applies none (its outputs predict the
+        normed hidden state, as EAGLE-1's do)."""
         if self.config.form == "tlt":
             hidden = self._final_norm(hidden)
-        return F.linear(hidden, head).float()
+        return F.linear(hidden, self.head()).float()
 
     def _final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's final RMSNorm with its weight detached: the same math as
@@ -183,7 +240,8 @@ class Drafter(nn.Module):
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
         save_file(tensors, str(folder / DRAFTER_WEIGHTS_FILE))
         record = {"drafter": {"feature_layers": list(self.config.feature_layers),
-                              "form": self.config.form},
+                              "form": self.config.form,
+                              "draft_vocab": self.config.draft_vocab},
                   "target": self.target.config.to_hf_config(), "metadata": metadata or {}}
         (folder / DRAFTER_CONFIG_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
@@ -200,7 +258,8 @@ class Drafter(nn.Module):
         record = json.loads(config_path.read_text())
         # drafters saved before forms existed are form "tlt"
         config = DrafterConfig(tuple(record["drafter"]["feature_layers"]),
-                               record["drafter"].get("form", "tlt"))
+                               record["drafter"].get("form", "tlt"),
+                               record["drafter"].get("draft_vocab"))
         saved_for = record["target"]
         mine = target.config.to_hf_config()
         for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
@@ -211,4 +270,22 @@ class Drafter(nn.Module):
         drafter = cls(target, config)
         state = load_file(str(weights_path), device=str(target.lm_head.weight.device))
         drafter.load_state_dict(state, strict=True)
+        if drafter.draft_to_target is not None:
+            _draft_ids(drafter.draft_to_target, config.draft_vocab, target.config.vocab_size)
         return drafter
+
+
+def _draft_ids(ids: torch.Tensor | Sequence[int], count: int, vocab: int) -> torch.Tensor:
+    """draft_to_target checked: `count` distinct int64 ids in [0, vocab), ascending."""
+    ids = torch.as_tensor(ids).to("cpu")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.shape != (count,):
+        raise ValueError(f"draft_to_target: expected ({count},) integer token ids, got "
+                         f"{tuple(ids.shape)} {ids.dtype}")
+    ids = ids.to(torch.int64)
+    if count and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise ValueError(f"draft_to_target: ids must be in [0, {vocab}), got "
+                         f"[{int(ids.min())}, {int(ids.max())}]")
+    ids = ids.sort().values
+    if bool((ids[1:] == ids[:-1]).any()):
+        raise ValueError("draft_to_target: ids must be distinct")
+    return ids

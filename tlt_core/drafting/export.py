@@ -109,13 +109,16 @@ def exportable(drafter: Drafter) -> str | None:
             f"it is form {config.form!r}, which reads the target's hidden state before the "
             "final norm and normalises before the LM head, where EAGLE-1 servers feed the "
             "normed hidden state and apply no norm")
+    if config.draft_vocab is not None:
+        reasons.append(f"its head covers a reduced draft vocabulary of {config.draft_vocab} "
+                       "tokens; EAGLE-1 drafters score the target's whole vocabulary")
     if len(config.feature_layers) > 1:
         reasons.append(f"it fuses {len(config.feature_layers)} target layers "
                        f"{config.feature_layers} (EAGLE-3 style); EAGLE-1 reads the last only")
     if reasons:
         return ("drafter: no exact representation in the EAGLE-1 serving formats: "
                 + "; ".join(reasons) + ". Train it with DrafterConfig(form='eagle') "
-                "(feature_layers=(-1,)) and export that drafter")
+                "(feature_layers=(-1,), no draft_vocab) and export that drafter")
     attn = drafter.layer.self_attn
     if attn.qk_norm:
         return ("drafter: its layer has per-head q/k norms (a Qwen3 target); the Llama decoder "

@@ -90,9 +90,9 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
     output at its last committed pair (whose logits give the tokens after the root)."""
     B, K = roots.shape[0], strategy.topk
     device = roots.device
-    if K > drafter.target.config.vocab_size:
-        raise ValueError(f"strategy: topk {K} exceeds the vocabulary "
-                         f"({drafter.target.config.vocab_size})")
+    if K > drafter.vocab_size:
+        raise ValueError(f"strategy: topk {K} exceeds the draft vocabulary "
+                         f"({drafter.vocab_size})")
     lengths = cache.lengths
     shortest, longest = (int(n) for n in torch.aminmax(lengths))  # the draft's one host sync
     if longest + strategy.fed_nodes > cache.shape.max_len:
@@ -103,6 +103,7 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
         return _draft_chain(drafter, cache, roots, root_hidden, strategy, shortest == longest,
                             longest)
     scores, tokens = torch.log_softmax(drafter.logits(root_hidden), -1).topk(K, dim=-1)  # (B, K)
+    tokens = drafter.to_target_ids(tokens)
     cand_tokens, cand_scores = [tokens], [scores]
     cand_parents = [torch.full((B, K), -1, dtype=torch.int32, device=device)]
     frontier = tokens, scores, root_hidden[:, None].expand(B, K, -1)  # level 1: (B, K), (B, K, H)
@@ -117,6 +118,7 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
         positions = (lengths + level - 1)[:, None].expand(B, K)
         hidden = drafter(tokens, features, positions, cache, plan=plan)  # (B, K, H)
         child_scores, child_tokens = torch.log_softmax(drafter.logits(hidden), -1).topk(K, dim=-1)
+        child_tokens = drafter.to_target_ids(child_tokens)
         total = (scores[..., None] + child_scores).view(B, K * K)  # cumulative log q
         cand_tokens.append(child_tokens.view(B, K * K))
         cand_scores.append(total)
@@ -147,8 +149,9 @@ def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hid
     exact = strategy.num_verify_tokens - 1 < depth
 
     def best(hidden):
-        logits = drafter.logits(hidden)  # (B, V)
-        return (torch.log_softmax(logits, -1) if exact else logits).max(-1, keepdim=True)
+        logits = drafter.logits(hidden)  # (B, V')
+        score, index = (torch.log_softmax(logits, -1) if exact else logits).max(-1, keepdim=True)
+        return score, drafter.to_target_ids(index)
 
     score, token = best(root_hidden)
     tokens, scores, hidden = [token], [score], root_hidden[:, None]  # (B, 1), (B, 1), (B, 1, H)
