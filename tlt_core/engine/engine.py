@@ -45,7 +45,7 @@ from tlt_core.drafting.suffix_index import SuffixIndex
 from tlt_core.engine.drafter_rows import SYNCS, DrafterRows
 from tlt_core.engine.hooks import HarvestSink, PlanPolicy, Speculation, StepObserver, StepOutcome
 from tlt_core.engine.records import (Request, RequestTiming, Rollout, RolloutResult,
-                                     SamplingParams, SpecStepStats)
+                                     SamplingParams, SpecStepStats, bucket_counts)
 from tlt_core.engine.rows import RowState
 from tlt_core.engine.sampling import check_emitted, sample_roots, sample_seed
 from tlt_core.model.kv_cache import CacheBudgetError, CacheShape, KVCache, cache_dtype
@@ -143,6 +143,9 @@ class _Committed:
     last: torch.Tensor  # (B,) int64: each row's last committed token, its next root
     fed_tokens: torch.Tensor  # (B, W) int64: the token at each position just committed
     hidden: tuple[torch.Tensor, ...]  # (B, W, H) per returned target layer, at those positions
+    # (B,) on the host, speculative steps only: each row's tokens in the cache before the step
+    # (its context position)
+    context_list: list[int] = field(default_factory=list)
 
 
 class RolloutEngine:
@@ -379,9 +382,11 @@ class RolloutEngine:
         self._commit(run, committed, drafter_next=plan.uses_drafter)
         done = time.perf_counter()
         emitted = sum(committed.count_list)
+        bucket_rows, bucket_emitted = bucket_counts(committed.context_list, committed.count_list)
         return SpecStepStats(run.steps, batch, plan.key, int(tree.num_nodes.sum()) - batch,
                              emitted - batch, emitted, drafted - started, verified - drafted,
-                             done - verified)
+                             done - verified, bucket_rows=bucket_rows,
+                             bucket_emitted=bucket_emitted)
 
     def _draft(self, run: _Run, plan: DraftPlan) -> ops.DraftTree:
         """Every running row's draft tree (B, N), node 0 its root."""
@@ -422,8 +427,12 @@ class RolloutEngine:
         (compaction), and its tokens and target features are gathered for the commit."""
         batch = tree.tokens.shape[0]
         counts = verdict.num_accepted.to(torch.int64) + 1  # (B,) tokens each row emits
-        self.cache.rows(0, batch).compact(verdict.accept_index, verdict.num_accepted)
-        count_list = counts.tolist()  # the step's one host sync: the loop branches on it
+        view = self.cache.rows(0, batch)
+        context = view.lengths.clone()  # (B,) before compaction grows it
+        view.compact(verdict.accept_index, verdict.num_accepted)
+        # The step's one host sync (the loop branches on the counts); the contexts ride along
+        # for the per-position acceptance stats.
+        count_list, context_list = torch.stack((counts, context)).tolist()
         width = max(count_list)
         path = verdict.accept_index[:, :width].clamp(min=0).long()  # (B, W) accepted nodes
         hidden = tuple(h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
@@ -433,7 +442,7 @@ class RolloutEngine:
         return _Committed(
             counts=counts, count_list=count_list, emitted=emitted, emitted_rows=emitted.tolist(),
             logprob_rows=verdict.emitted_logprobs[:, :width].tolist(), last=last,
-            fed_tokens=tree.tokens.gather(1, path), hidden=hidden)
+            fed_tokens=tree.tokens.gather(1, path), hidden=hidden, context_list=context_list)
 
     # ---- commit, shared by both steps --------------------------------------------------------
 

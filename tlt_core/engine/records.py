@@ -2,14 +2,26 @@
 rollout records of one generate call (samples, step statistics, the running-batch trace).
 
 Shapes: T_gen generated tokens of one sample, including its stop token.
+
+Context position: a row's tokens in the target's cache when a speculative step begins, prompt +
+tokens generated so far - 1 (the last generated token is the step's root, which the step itself
+feeds); equivalently the root's position. Acceptance falls as context grows (published EAGLE-3
+drafters drop from about 2.3 to 1.09 tokens per verification between 2k and 16-20k tokens), so
+every speculative step also counts its rows and tokens per context bucket.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+# Bucket i holds contexts c with EDGES[i - 1] <= c < EDGES[i]; the first has no lower edge,
+# the last no upper one.
+POSITION_BUCKET_EDGES: tuple[int, ...] = (256, 1024)
+POSITION_BUCKET_LABELS: tuple[str, ...] = ("0-256", "256-1k", "1k+")
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,51 @@ class SpecStepStats:
     draft_s: float  # growing the draft trees
     verify_s: float  # the target's tree pass and the verification kernel
     accept_s: float  # compacting the caches, the drafter's catch-up, committing tokens
+    # Per context bucket (POSITION_BUCKET_LABELS), from the rows' context positions at the
+    # step's start; they sum to batch and emitted.
+    bucket_rows: tuple[int, ...]  # running rows whose context fell in each bucket
+    bucket_emitted: tuple[int, ...]  # tokens those rows emitted
+
+    def __post_init__(self):
+        for name in ("bucket_rows", "bucket_emitted"):
+            if len(getattr(self, name)) != len(POSITION_BUCKET_LABELS):
+                raise ValueError(f"{name}: one entry per bucket of POSITION_BUCKET_LABELS, got "
+                                 f"{getattr(self, name)}")
+        if sum(self.bucket_rows) != self.batch or sum(self.bucket_emitted) != self.emitted:
+            raise ValueError(f"bucket_rows, bucket_emitted: must sum to batch ({self.batch}) and "
+                             f"emitted ({self.emitted}), got {self.bucket_rows} and "
+                             f"{self.bucket_emitted}")
+
+
+def position_bucket(context: int) -> int:
+    """The index in POSITION_BUCKET_LABELS of a row's context position."""
+    return bisect_right(POSITION_BUCKET_EDGES, context)
+
+
+def bucket_counts(contexts: Sequence[int], counts: Sequence[int]
+                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Rows and emitted tokens per context bucket of one step: row b had contexts[b] tokens in
+    the cache and emitted counts[b]."""
+    if len(contexts) != len(counts):
+        raise ValueError(f"contexts, counts: one of each per row, got {len(contexts)} and "
+                         f"{len(counts)}")
+    rows, emitted = [0] * len(POSITION_BUCKET_LABELS), [0] * len(POSITION_BUCKET_LABELS)
+    for context, count in zip(contexts, counts):
+        bucket = position_bucket(context)
+        rows[bucket] += 1
+        emitted[bucket] += count
+    return tuple(rows), tuple(emitted)
+
+
+def acceptance_by_position(spec_steps: Sequence[SpecStepStats]) -> dict[str, float | None]:
+    """Mean tokens a row emits per speculative step, per context bucket (label -> value); None
+    for a bucket no row-step fell in."""
+    result = {}
+    for bucket, label in enumerate(POSITION_BUCKET_LABELS):
+        rows = sum(s.bucket_rows[bucket] for s in spec_steps)
+        emitted = sum(s.bucket_emitted[bucket] for s in spec_steps)
+        result[label] = emitted / rows if rows else None
+    return result
 
 
 @dataclass(frozen=True)
@@ -99,6 +156,12 @@ class RolloutResult:
         was speculative."""
         rows = sum(s.batch for s in self.spec_steps)
         return sum(s.emitted for s in self.spec_steps) / rows if rows else None
+
+    @property
+    def acceptance_by_position(self) -> dict[str, float | None]:
+        """acceptance_length per context bucket (POSITION_BUCKET_LABELS -> mean tokens a row
+        emits per speculative step, None where no row-step fell)."""
+        return acceptance_by_position(self.spec_steps)
 
 
 def seconds_at_or_below(trace_time_s: Sequence[float], trace_running: Sequence[int],

@@ -220,6 +220,8 @@ class GRPODriver:
             "tail_s": seconds_at_or_below(stats.trace_time_s, stats.trace_running,
                                           TAIL_FRACTION * max(stats.trace_running, default=0)),
             "acceptance_length": stats.acceptance_length,
+            **{f"acceptance_length/{label}": value
+               for label, value in stats.acceptance_by_position.items()},
             "sd_on_share": stats.sd_on_share,
             "drafter_version": self.watchdog.version if self.watchdog else None,
             "drafter_event": drafter_event, "spot_steps": stats.spot_steps,

@@ -26,6 +26,19 @@ from pathlib import Path
 
 import numpy as np
 
+from tlt_core.engine.records import POSITION_BUCKET_EDGES, POSITION_BUCKET_LABELS
+
+
+def _bucket_range(bucket: int) -> str:
+    """The contexts of POSITION_BUCKET_LABELS[bucket], in words."""
+    edges = POSITION_BUCKET_EDGES
+    if bucket == 0:
+        return f"< {edges[0]}"
+    if bucket == len(edges):
+        return f">= {edges[-1]}"
+    return f"{edges[bucket - 1]} to {edges[bucket] - 1}"
+
+
 # name: (unit, meaning)
 METRICS: dict[str, tuple[str, str]] = {
     "reward": ("reward", "mean reward of the step's samples"),
@@ -40,6 +53,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "acceptance_length": ("tokens / step", "mean tokens a row emits per speculative step "
                                            "(accepted draft tokens + 1); null when no step was "
                                            "speculative"),
+    **{f"acceptance_length/{label}": (
+        "tokens / step", f"acceptance_length over the row-steps whose context (the row's tokens "
+                         f"in the target's cache when the step began: prompt + generated - 1) "
+                         f"was {_bucket_range(bucket)} tokens; null when none was")
+       for bucket, label in enumerate(POSITION_BUCKET_LABELS)},
     "sd_on_share": ("fraction", "share of the rollout's decode steps that were speculative"),
     "drafter_version": ("version", "drafter version after this step's refresh and watchdog "
                                    "verdict (0: the initial drafter; each refresh that trained "

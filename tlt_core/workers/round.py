@@ -9,12 +9,12 @@ step whether the last rank has finished (the group's store), so it yields within
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from tlt_core.engine.engine import RolloutEngine
 from tlt_core.engine.hooks import Speculation
-from tlt_core.engine.records import Request, Rollout
+from tlt_core.engine.records import POSITION_BUCKET_LABELS, Request, Rollout
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.idle import IdleDetector
 from tlt_core.workers.spot_trainer import SpotTrainer
@@ -37,6 +37,9 @@ class WorkerRound:
     sd_on_share: float = 0.0  # share of this rank's decode steps that were speculative
     trace_time_s: tuple[float, ...] = ()  # this rank's engine trace: end of each decode step
     trace_running: tuple[int, ...] = ()  # and the running rows during it
+    # acceptance_length per context bucket (RolloutResult.acceptance_by_position)
+    acceptance_by_position: dict[str, float | None] = field(
+        default_factory=lambda: dict.fromkeys(POSITION_BUCKET_LABELS))
 
 
 def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[Request],
@@ -74,4 +77,5 @@ def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[
                                  sum(len(r.tokens) for r in result.rollouts), result.harvest_s,
                                  yield_lag, len(result.spec_steps) / max(result.decode_steps, 1),
                                  tuple(result.trace_time_s.tolist()),
-                                 tuple(result.trace_running.tolist()))
+                                 tuple(result.trace_running.tolist()),
+                                 result.acceptance_by_position)
