@@ -5,13 +5,19 @@ norm and LM head; `plan.py` the `DraftPlan` protocol every draft plan follows; `
 learned drafter's plan (`Strategy`: depth, top-k, tokens verified) and how its EAGLE-2 tree is
 grown; `suffix_index.py` and `suffix_match.py` drafts copied from sibling and earlier
 responses, with no model pass; `training.py` the EAGLE loss on records of what the target
-computed; `export.py` the drafter in SGLang's EAGLE and vLLM's speculators layouts. Nothing
-here decides when to speculate or runs a rollout (tlt_core.engine, tlt_core.adaptive).
+computed; `export.py` the drafter in SGLang's EAGLE and vLLM's speculators layouts, and
+`load_drafter`, which reads any drafter folder; `published.py` the drafter checkpoints other
+projects publish (SafeAILab EAGLE-1/2, EAGLE-3 from SafeAILab, SpecForge, SGLang and
+speculators); `eagle3.py` the EAGLE-3 drafter those become. Nothing here decides when to
+speculate or runs a rollout (tlt_core.engine, tlt_core.adaptive).
 """
 
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
-from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, exportable, load_export
+from tlt_core.drafting.eagle3 import Eagle3Config, Eagle3Drafter
+from tlt_core.drafting.export import (EXPORT_FORMATS, export_drafter, exportable, load_drafter,
+                                      load_export)
 from tlt_core.drafting.plan import DraftContext, DraftPlan
+from tlt_core.drafting.published import load_published
 from tlt_core.drafting.suffix_index import SuffixIndex
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.drafting.training import (DraftBatch, DraftRecord, collect_records, eagle_loss,
@@ -19,6 +25,7 @@ from tlt_core.drafting.training import (DraftBatch, DraftRecord, collect_records
 from tlt_core.drafting.tree import Strategy, draft_tree
 
 __all__ = ["DraftBatch", "DraftContext", "DraftPlan", "DraftRecord", "Drafter", "DrafterConfig",
-           "EXPORT_FORMATS", "Strategy", "SuffixIndex", "SuffixMatch", "collect_records",
-           "draft_tree", "eagle_loss", "export_drafter", "exportable", "load_export",
-           "make_batch", "make_optimizer", "train_step"]
+           "EXPORT_FORMATS", "Eagle3Config", "Eagle3Drafter", "Strategy", "SuffixIndex",
+           "SuffixMatch", "collect_records", "draft_tree", "eagle_loss", "export_drafter",
+           "exportable", "load_drafter", "load_export", "load_published", "make_batch",
+           "make_optimizer", "train_step"]

@@ -34,7 +34,9 @@ what is sampled.
 The embedding, final norm and LM head are the target's own tensors, used detached: they are
 never copied into the drafter, never receive gradients and are never written (the drafter holds
 the target outside its module tree, so its state_dict, parameters() and .to() never include
-them). The drafter's trainable tensors are `fuse` (EAGLE-3 only), `fc` and `layer`.
+them). The drafter's trainable tensors are `fuse` (EAGLE-3 only), `fc` and `layer`. `fc` has a
+bias only with `fc_bias` (EAGLE-1's default in SafeAILab/EAGLE cnets1.py and SGLang's
+LlamaForCausalLMEagle; our own drafters train without one).
 
 Position bookkeeping (the engine's invariant): the drafter's cache holds the pairs
 (f_t, x_{t+1}) for every position t the target's cache holds, so both caches have the same
@@ -78,6 +80,9 @@ class DrafterConfig:
     # V': the head covers only these many target ids (`Drafter.draft_to_target`); None: the
     # target's whole vocabulary.
     draft_vocab: int | None = None
+    # fc = nn.Linear(2H, H) with a bias: published EAGLE-1 drafters have one (load_drafter
+    # reads them); ours train without.
+    fc_bias: bool = False
 
     def __post_init__(self):
         layers = tuple(int(i) for i in self.feature_layers)
@@ -89,6 +94,8 @@ class DrafterConfig:
                                              or self.draft_vocab < 1):
             raise ValueError(f"draft_vocab: must be an int >= 1 or None, got "
                              f"{self.draft_vocab!r}")
+        if not isinstance(self.fc_bias, bool):
+            raise ValueError(f"fc_bias: must be a bool, got {self.fc_bias!r}")
         if self.form is None:
             object.__setattr__(self, "form", "eagle" if layers == (-1,) else "tlt")
         if self.form not in FORMS:
@@ -119,7 +126,7 @@ class Drafter(nn.Module):
         hidden = target.config.hidden_size
         width = len(config.feature_layers)
         self.fuse = nn.Linear(width * hidden, hidden, bias=False) if width > 1 else None
-        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
         self.layer = DecoderLayer(target.config)
         if config.form == "eagle":  # EAGLE-1: the layer's input is not normalised (cnets.py)
             self.layer.input_layernorm = nn.Identity()
@@ -199,7 +206,8 @@ class Drafter(nn.Module):
         logits(f') is the distribution of the token after each x_{t+1}."""
         target = self.target
         embedded = F.embedding(tokens, target.model.embed_tokens.weight.detach())  # (B, T, H)
-        h = F.linear(torch.cat((embedded, features), dim=-1), self.fc.weight)  # (B, T, H)
+        h = F.linear(torch.cat((embedded, features), dim=-1), self.fc.weight,
+                     self.fc.bias)  # (B, T, H)
         if cache is not None and not torch.is_grad_enabled():  # inference: the packed layer
             if plan is None:
                 plan = plan_for(tokens, cache, tree_mask)
@@ -241,7 +249,8 @@ class Drafter(nn.Module):
         save_file(tensors, str(folder / DRAFTER_WEIGHTS_FILE))
         record = {"drafter": {"feature_layers": list(self.config.feature_layers),
                               "form": self.config.form,
-                              "draft_vocab": self.config.draft_vocab},
+                              "draft_vocab": self.config.draft_vocab,
+                              "fc_bias": self.config.fc_bias},
                   "target": self.target.config.to_hf_config(), "metadata": metadata or {}}
         (folder / DRAFTER_CONFIG_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
@@ -259,7 +268,8 @@ class Drafter(nn.Module):
         # drafters saved before forms existed are form "tlt"
         config = DrafterConfig(tuple(record["drafter"]["feature_layers"]),
                                record["drafter"].get("form", "tlt"),
-                               record["drafter"].get("draft_vocab"))
+                               record["drafter"].get("draft_vocab"),
+                               record["drafter"].get("fc_bias", False))
         saved_for = record["target"]
         mine = target.config.to_hf_config()
         for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",

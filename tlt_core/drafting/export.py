@@ -35,7 +35,7 @@ takes them from the target):
 
     ours                                   eagle (SGLang)            speculators
     fc.weight (H, 2H)                      fc.weight                 fusion_fc.weight
-    (no bias)                              fc.bias = zeros (H,)      (none: fusion_bias false)
+    fc.bias (H,) with fc_bias, else none   fc.bias (zeros if none)   fusion_fc.bias, fusion_bias
     layer.self_attn.{q,k,v,o}_proj.*       layers.0.self_attn.*      transformer.self_attn.*
     layer.mlp.{gate,up,down}_proj.weight   layers.0.mlp.*            transformer.mlp.*
     layer.post_attention_layernorm.weight  layers.0.post_attention_  transformer.post_attention_
@@ -45,12 +45,20 @@ takes them from the target):
 
 (and the attention projections' biases likewise, for attention_bias targets)
 
-SGLang's fc has a bias (nn.Linear's default), so the eagle layout writes zeros: leaving it out
-would leave SGLang's freshly initialised bias in place.
+SGLang's fc has a bias (nn.Linear's default), so the eagle layout writes zeros for a drafter
+without one: leaving it out would leave SGLang's freshly initialised bias in place. Reading back,
+an all-zero fc.bias is no bias.
 
 Provenance (both layouts): target_sha256 (`target_sha256`: the target's state_dict tensors in
 name order), rl_step, acceptance_length, tlt_core_version, date (UTC), format, drafter_form,
-plus whatever else the caller adds.
+fc_bias, plus whatever else the caller adds. A folder whose provenance disagrees with its
+weights about the fc bias is refused on reading: they are not what export_drafter wrote.
+
+`load_drafter`, what every `--drafter` flag uses, tells apart by their files a folder saved by
+Drafter.save, an export in either layout (any checkpoint in SGLang's EAGLE-1 layouts,
+LlamaForCausalLMEagle and Qwen2ForCausalLMEagle, or speculators' EAGLE-1 layout), and the
+published layouts tlt_core.drafting.published reads (SafeAILab EAGLE-1/2, EAGLE-3 in SafeAILab's,
+SpecForge's, SGLang's and speculators' layouts).
 
 Shapes: H hidden size, V vocabulary.
 """
@@ -63,11 +71,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from tlt_core._version import __version__
-from tlt_core.drafting.drafter import DRAFTER_CONFIG_FILE, Drafter, DrafterConfig
+from tlt_core.drafting.drafter import DRAFTER_CONFIG_FILE, Drafter
+from tlt_core.drafting.eagle3 import Eagle3Drafter
+from tlt_core.drafting.published import eagle1_drafter, load_published, read_weights
 from tlt_core.model.transformer import ARCHITECTURES, Transformer
 
 EXPORT_FORMATS = ("eagle", "speculators")
@@ -77,6 +87,9 @@ PROVENANCE_FILE = "tlt_provenance.json"  # the eagle layout's side file
 PROVENANCE_KEY = "tlt_provenance"  # the speculators layout's config.json key
 PROVENANCE_REQUIRED = ("rl_step", "acceptance_length")  # the caller's; None when unknown
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle"
+# SGLang's EAGLE-1 entry classes (llama_eagle.py, qwen2_eagle.py): the same tensors, a Llama or
+# a Qwen2 layer config.
+SGLANG_EAGLE1_ARCHITECTURES = (SGLANG_ARCHITECTURE, "Qwen2ForCausalLMEagle")
 SPECULATORS_LAYER = "LlamaDecoderLayer"
 # speculators_version to write: the release whose schema this layout follows (the library
 # itself writes its installed version there; nothing reads it back as a constraint).
@@ -84,8 +97,6 @@ SPECULATORS_VERSION = "0.1.0"
 # Prefixes of our state_dict names -> each layout's.
 _PREFIXES = {"eagle": {"fc.": "fc.", "layer.": "layers.0."},
              "speculators": {"fc.": "fusion_fc.", "layer.": "transformer."}}
-# Tensors a checkpoint in either layout may carry that the engines replace by the target's.
-_SHARED_WITH_TARGET = ("embed_tokens.weight", "lm_head.weight")
 
 
 def target_sha256(model: nn.Module) -> str:
@@ -154,7 +165,8 @@ def export_drafter(drafter: Drafter, out: str | Path, to: str, provenance: dict,
               "target_sha256": provenance.get("target_sha256") or target_sha256(drafter.target),
               "tlt_core_version": __version__,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "format": to, "drafter_form": drafter.config.form}
+              "format": to, "drafter_form": drafter.config.form,
+              "fc_bias": drafter.config.fc_bias}
     try:
         json.dumps(record)
     except TypeError as error:
@@ -171,7 +183,8 @@ def export_drafter(drafter: Drafter, out: str | Path, to: str, provenance: dict,
         (folder / PROVENANCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
     else:
         config = _speculators_config(drafter.target, layer_config, speculative_tokens,
-                                     provenance.get("target_name_or_path"))
+                                     provenance.get("target_name_or_path"),
+                                     drafter.config.fc_bias)
         config[PROVENANCE_KEY] = record
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -180,58 +193,54 @@ def export_drafter(drafter: Drafter, out: str | Path, to: str, provenance: dict,
 
 def load_export(folder: str | Path, target: Transformer) -> Drafter:
     """A form-"eagle" Drafter attached to `target` from a folder in either layout (ours, or any
-    EAGLE-1 checkpoint with the same math: a zero or absent fc bias, no extra norms)."""
+    EAGLE-1 checkpoint in them: SGLang's LlamaForCausalLMEagle / Qwen2ForCausalLMEagle, or
+    speculators' "eagle" with no extra norms), weights in model.safetensors or
+    pytorch_model.bin."""
     folder = Path(folder)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"folder: {folder} has no {name}; is it an export by "
-                                    "tlt_core.drafting.export?")
+    if not (folder / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"folder: {folder} has no {CONFIG_FILE}; is it an export by "
+                                "tlt_core.drafting.export?")
     config = json.loads((folder / CONFIG_FILE).read_text())
-    layout = _layout(config, folder)
-    layer_config = config["transformer_layer_config"] if layout == "speculators" else config
-    if layer_config.get("num_hidden_layers", 1) != 1:
-        raise ValueError(f"folder: {folder} has {layer_config['num_hidden_layers']} drafter "
-                         "layers; ours has one")
-    _check_matches_target(layer_config, target, folder)
-
+    layout = _export_layout(config)
+    if layout is None:
+        raise ValueError(f"folder: {folder}: config.json is neither a speculators config "
+                         f"(speculators_model_type 'eagle') nor an SGLang EAGLE-1 one "
+                         f"(architectures {list(SGLANG_EAGLE1_ARCHITECTURES)})")
+    tensors = read_weights(folder)
+    layer_config = config
+    if layout == "speculators":
+        wanted = {"layernorms": False, "transformer_layer_architecture": SPECULATORS_LAYER}
+        for key, value in wanted.items():
+            if config.get(key, value) != value:
+                raise ValueError(f"folder: {folder}: {key} is {config.get(key)!r}; only "
+                                 f"{value!r} has our drafter's math")
+        if bool(config.get("fusion_bias", False)) != ("fusion_fc.bias" in tensors):
+            raise ValueError(f"folder: {folder}: fusion_bias is {config.get('fusion_bias')!r} "
+                             "but the weights disagree about fusion_fc.bias")
+        layer_config = config.get("transformer_layer_config")
+        if not isinstance(layer_config, dict):
+            raise ValueError(f"folder: {folder}: config.json has no transformer_layer_config")
     prefixes = {theirs: ours for ours, theirs in _PREFIXES[layout].items()}
-    state, unexpected = {}, []
-    for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items():
-        if name in _SHARED_WITH_TARGET:
-            continue  # engines replace these by the target's tensors, and so do we
-        if layout == "eagle" and name == "fc.bias":
-            if bool(tensor.any()):
-                raise ValueError(f"folder: {folder}: fc.bias is not zero; our drafter's fc has "
-                                 "no bias, so this checkpoint cannot be represented exactly")
-            continue
-        prefix = next((p for p in prefixes if name.startswith(p)), None)
-        if prefix is None:
-            unexpected.append(name)
-            continue
-        state[prefixes[prefix] + name[len(prefix):]] = tensor
-    drafter = Drafter(target, DrafterConfig(form="eagle"))
-    expected = set(drafter.state_dict())
-    unexpected += [_export_name(name, layout) for name in state if name not in expected]
-    missing = sorted(_export_name(name, layout) for name in expected - set(state))
-    if unexpected or missing:
-        raise ValueError(f"folder: {folder}: tensors the drafter has no place for: "
-                         f"{sorted(unexpected)}; tensors missing: {missing}")
-    drafter.load_state_dict(state, strict=True)
-    return drafter.eval()
+    drafter = eagle1_drafter(target, layer_config, tensors, prefixes, folder)
+    _check_provenance_fc_bias(folder, config, drafter, layout)
+    return drafter
 
 
-def load_drafter(folder: str | Path, target: Transformer) -> Drafter:
-    """A drafter for `target` from any folder tlt_core writes, told apart by its files: one
-    saved by Drafter.save (drafter_config.json) or an export in either layout (config.json),
-    so `--drafter` takes what `tlt export drafter` wrote."""
+def load_drafter(folder: str | Path, target: Transformer) -> Drafter | Eagle3Drafter:
+    """A drafter for `target` from a folder, told apart by its files: one saved by Drafter.save
+    (drafter_config.json), an export in either layout (config.json: an SGLang EAGLE-1 or
+    speculators "eagle" config), or a published EAGLE-1/2 or EAGLE-3 checkpoint
+    (tlt_core.drafting.published). `--drafter` takes any of them."""
     folder = Path(folder)
     if (folder / DRAFTER_CONFIG_FILE).is_file():
         return Drafter.load(folder, target)
-    if (folder / CONFIG_FILE).is_file():
+    if not (folder / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"drafter: {folder} has neither {DRAFTER_CONFIG_FILE} (a "
+                                f"drafter saved by tlt_core) nor {CONFIG_FILE} (an EAGLE, "
+                                "EAGLE-3 or speculators drafter)")
+    if _export_layout(json.loads((folder / CONFIG_FILE).read_text())) is not None:
         return load_export(folder, target)
-    raise FileNotFoundError(f"drafter: {folder} has neither {DRAFTER_CONFIG_FILE} (a drafter "
-                            f"saved by tlt_core) nor {CONFIG_FILE} (an EAGLE or speculators "
-                            "export)")
+    return load_published(folder, target)
 
 
 def read_provenance(folder: str | Path) -> dict:
@@ -260,7 +269,7 @@ def _export_name(name: str, layout: str) -> str:
 def _export_tensors(drafter: Drafter, layout: str) -> dict[str, torch.Tensor]:
     tensors = {_export_name(name, layout): tensor.detach().to("cpu").contiguous()
                for name, tensor in drafter.state_dict().items()}
-    if layout == "eagle":  # SGLang's fc has a bias; ours is zero
+    if layout == "eagle" and drafter.fc.bias is None:  # SGLang's fc always has a bias
         tensors["fc.bias"] = torch.zeros(drafter.fc.out_features, dtype=drafter.fc.weight.dtype)
     return tensors
 
@@ -282,7 +291,7 @@ def _llama_layer_config(target: Transformer, dtype: torch.dtype) -> dict:
 
 
 def _speculators_config(target: Transformer, layer_config: dict, speculative_tokens: int,
-                        target_name_or_path: str | None) -> dict:
+                        target_name_or_path: str | None, fusion_bias: bool) -> dict:
     """EagleSpeculatorConfig as its save_pretrained writes it (architectures gain the layer
     class, check_add_architectures)."""
     verifier_architecture = next(name for name, family in ARCHITECTURES.items()
@@ -293,7 +302,7 @@ def _speculators_config(target: Transformer, layer_config: dict, speculative_tok
         "transformer_layer_architecture": SPECULATORS_LAYER,
         "transformer_layer_config": layer_config,
         "layernorms": False,
-        "fusion_bias": False,
+        "fusion_bias": fusion_bias,
         "speculators_config": {
             "algorithm": "eagle",
             "proposal_methods": [{"proposal_type": "greedy",
@@ -308,38 +317,27 @@ def _speculators_config(target: Transformer, layer_config: dict, speculative_tok
     }
 
 
-def _layout(config: dict, folder: Path) -> str:
-    if "speculators_model_type" in config:
-        wanted = {"speculators_model_type": "eagle", "layernorms": False, "fusion_bias": False,
-                  "transformer_layer_architecture": SPECULATORS_LAYER}
-        for key, value in wanted.items():
-            if config.get(key, value) != value:
-                raise ValueError(f"folder: {folder}: {key} is {config.get(key)!r}; only "
-                                 f"{value!r} has our drafter's math")
-        if not isinstance(config.get("transformer_layer_config"), dict):
-            raise ValueError(f"folder: {folder}: config.json has no transformer_layer_config")
+def _export_layout(config: dict) -> str | None:
+    """"speculators" or "eagle" for a config in a layout export_drafter writes, else None."""
+    if config.get("speculators_model_type") == "eagle":
         return "speculators"
-    if SGLANG_ARCHITECTURE in config.get("architectures", []):
+    if any(name in SGLANG_EAGLE1_ARCHITECTURES for name in config.get("architectures") or []):
         return "eagle"
-    raise ValueError(f"folder: {folder}: config.json is neither a speculators config "
-                     f"(speculators_model_type) nor an EAGLE-1 one (architectures "
-                     f"[{SGLANG_ARCHITECTURE!r}])")
+    return None
 
 
-def _check_matches_target(layer_config: dict, target: Transformer, folder: Path) -> None:
-    """The export's shapes, RoPE and eps must be the target's: the drafter runs on the target's
-    embedding, head and rotary embedding, as the servers do."""
-    mine = _llama_layer_config(target, target.lm_head.weight.dtype)
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-                "num_key_value_heads", "rms_norm_eps", "rope_theta", "rope_scaling",
-                "attention_bias"):
-        theirs = layer_config.get(key, mine[key] if key in ("rope_scaling", "attention_bias")
-                                  else None)
-        if theirs != mine[key]:
-            raise ValueError(f"target: the export in {folder} has {key} = {theirs!r}, the "
-                             f"target has {mine[key]!r}")
-    head_dim = layer_config.get("head_dim", layer_config["hidden_size"]
-                                // layer_config["num_attention_heads"])
-    if head_dim != mine["head_dim"]:
-        raise ValueError(f"target: the export in {folder} has head_dim = {head_dim}, the target "
-                         f"has {mine['head_dim']}")
+def _check_provenance_fc_bias(folder: Path, config: dict, drafter: Drafter, layout: str) -> None:
+    """Our provenance records whether the exported drafter had an fc bias (exports that predate
+    the field had none); weights that say otherwise are not what export_drafter wrote."""
+    if (folder / PROVENANCE_FILE).is_file():
+        record = json.loads((folder / PROVENANCE_FILE).read_text())
+    else:
+        record = config.get(PROVENANCE_KEY)
+    exported_with_bias = isinstance(record, dict) and bool(record.get("fc_bias", False))
+    if not isinstance(record, dict) or exported_with_bias == drafter.config.fc_bias:
+        return
+    name = _export_name("fc.bias", layout)
+    found = "is not zero" if drafter.config.fc_bias else "is zero or absent"
+    raise ValueError(f"folder: {folder}: {name} {found}, but its provenance records a drafter "
+                     f"exported {'with' if exported_with_bias else 'without'} an fc bias: "
+                     "these are not the weights export_drafter wrote")
