@@ -1,7 +1,7 @@
 """The `tlt` command: the parser tree and the dispatch.
 
-Each subcommand module (`train`, `generate`, `convert`, `data`, `export`, `bench`, `demo`)
-adds its parsers with `add_parsers(commands)` and sets each leaf's runner
+Each subcommand module (`train`, `generate`, `drafter`, `convert`, `data`, `export`,
+`bench`, `demo`) adds its parsers with `add_parsers(commands)` and sets each leaf's runner
 (`set_defaults(runner=...)`); `main` parses (defaults < `--config FILE` < flags,
 tlt_core.cli.config_file) and calls the runner.
 Every leaf takes `--config FILE`, and every option's help gives its default
@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tlt_core.cli import bench, convert, data, demo, export, generate, train
+from tlt_core.cli import bench, convert, data, demo, drafter, export, generate, train
 from tlt_core.cli.config_file import ConfigError, add_config_argument, parse_args
 from tlt_core.cli.options import (HelpFormatter, RawDescriptionHelpFormatter, chosen_parser,
                                   subcommand_help, subparsers_action, walk_parsers)
 
-COMMANDS = (train, generate, convert, data, export, bench, demo)  # in the order `tlt --help` lists them
+# in the order `tlt --help` lists them
+COMMANDS = (train, generate, drafter, convert, data, export, bench, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,7 +77,9 @@ class _BadRow(Exception):
 
 def load_prompts(path: str | Path, *, prompt_key: str | None = None,
                  answer_key: str | None = None, on_bad_rows: str = "skip",
-                 split: str | None = None) -> Dataset:
+                 split: str | None = None, require_answers: bool = True) -> Dataset:
+    """require_answers=False: prompts alone are enough (drafter training); a row without an
+    answer field gets answer ""."""
     path = Path(path)
     if on_bad_rows not in ("skip", "error"):
         raise ValueError(f"on_bad_rows: must be 'skip' or 'error', got {on_bad_rows!r}")
@@ -98,7 +100,9 @@ def load_prompts(path: str | Path, *, prompt_key: str | None = None,
         prompt_field = prompt_field or next((k for k in PROMPT_KEYS if k in row), None)
         answer_field = answer_field or next((k for k in ANSWER_KEYS if k in row), None)
         try:
-            examples.append(_example(row, number, prompt_field, answer_field))
+            examples.append(_example(row, number, prompt_field, answer_field)
+                            if require_answers or answer_field in row
+                            else _prompt_only(row, number, prompt_field))
         except _BadRow as why:
             bad.append((number, str(why)))
     if bad and on_bad_rows == "error":
@@ -110,6 +114,14 @@ def load_prompts(path: str | Path, *, prompt_key: str | None = None,
                         f"({_looked_for(prompt_key, PROMPT_KEYS)}) and an answer field "
                         f"({_looked_for(answer_key, ANSWER_KEYS)}); {len(bad)} malformed)")
     return Dataset(examples, bad, path, unit, split_read, prompt_field, answer_field)
+
+
+def _prompt_only(row: dict, number: int, prompt_field: str | None) -> Example:
+    if prompt_field not in row:
+        raise _BadRow(f"no '{prompt_field}' field" if prompt_field else
+                      f"no prompt field ({_looked_for(None, PROMPT_KEYS)})")
+    prompt, messages = _prompt(row[prompt_field], prompt_field)
+    return Example(prompt, "", number, None, messages)
 
 
 def _looked_for(explicit: str | None, candidates: tuple[str, ...]) -> str:

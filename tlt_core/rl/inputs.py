@@ -59,6 +59,11 @@ def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_
                for e in data.examples]
     policy = load_checkpoint(model_path, dtype=placement.dtype, device=placement.device)
     drafter = load_drafter(drafter_path, policy) if drafter_path is not None else None
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter: {drafter_path} is a {type(drafter).__name__}, which drafts "
+                         "(tlt generate, tlt bench) but which the spot trainer cannot train (it "
+                         "trains tlt_core's EAGLE drafters on the EAGLE loss); train one for "
+                         "this model with `tlt drafter train`")
     fields = f"fields {data.prompt_key!r} / {data.answer_key!r}"
     return TrainInputs(policy, drafter, prompts, prompts[:4], reward_fn,
                        lambda ids: tokenizer.decode(ids), tuple(tokenizer.eos_ids),

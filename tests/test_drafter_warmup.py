@@ -1,0 +1,162 @@
+"""`tlt drafter train` / tlt_core.rl.drafter_warmup (the offline EAGLE warm-up): a drafter for any checkpoint from the
+target's own responses — harvested from the passes that generated them, a reduced draft
+vocabulary of the tokens they use, resumable with the same batches, the held-out acceptance in
+the folder's provenance — and the result drafts losslessly in the engine."""
+
+import json
+
+import pytest
+import torch
+
+from tlt_core.cli.main import main
+from tlt_core.drafting import training
+from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.export import load_drafter
+from tlt_core.rl.drafter_warmup import (OfflineConfig, _draft_vocabulary, _read_shard,
+                                       float32_twin, train_offline)
+from tlt_core.drafting.training import collect_records
+from tlt_core.drafting.tree import Strategy
+from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+
+from tests.cli_fixtures import tiny_checkpoint, word
+from tests.speculative_fixtures import tiny_target
+
+CONFIG = OfflineConfig(temperature=0.0, max_tokens=24, rollout_batch=16, held_out=4,
+                       draft_vocab=24, steps=30, batch_tokens=256, checkpoint_every=10,
+                       eval_max_tokens=16)
+
+
+def prompts(target, count=28, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, target.config.vocab_size, (5,), generator=g).tolist()
+            for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    target = tiny_target()
+    folder = tmp_path_factory.mktemp("offline") / "drafter"
+    report = train_offline(target, prompts(target), folder, CONFIG, progress=False,
+                           log=lambda line: None)
+    return target, folder, report
+
+
+def test_offline_drafter_drafts_and_records_its_provenance(trained):
+    target, folder, report = trained
+    assert report.sequences == 24 and report.steps == 30 and report.draft_vocab == 24
+    assert report.final_top1 > 0.5
+    record = json.loads((folder / "drafter_config.json").read_text())
+    meta = record["metadata"]
+    assert meta["held_out_acceptance"] == report.held_out_acceptance
+    assert meta["acceptance_length"] == report.held_out_acceptance["(6,1,7)"] > 1.5
+    assert meta["held_out_by_position"]["(6,1,7)"]["0-256"] == meta["acceptance_length"]
+    drafter = load_drafter(folder, target)
+    assert drafter.config.draft_vocab == 24
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    requests = [Request(p, params) for p in prompts(target, 6, seed=9)]
+    engine = RolloutEngine(target, EngineConfig(max_batch=3, max_len=40), drafter)
+    plain = engine.generate(requests)
+    spec = engine.generate(requests, strategy=Strategy(5, 4, 16))
+    assert [r.tokens.tolist() for r in spec.rollouts] == [r.tokens.tolist()
+                                                          for r in plain.rollouts]
+
+
+def test_harvested_features_are_the_targets_own(trained, tmp_path):
+    """The shards hold what a fresh target pass over the same sequence computes, and the
+    loss starts at the prompt's last position."""
+    target, folder, _ = trained
+    records, prompt_lengths = _read_shard(folder / "work" / "responses" / "shard-00000", CONFIG)
+    assert prompt_lengths[0] == 5
+    fresh = collect_records(target, [records[0].tokens.tolist()], (-1,))[0]
+    assert torch.allclose(records[0].features, fresh.features, atol=1e-4, rtol=0)
+
+
+def test_draft_vocabulary_is_the_responses_most_used_tokens(trained):
+    target, folder, _ = trained
+    records, starts = [], []
+    for shard in sorted((folder / "work" / "responses").iterdir()):
+        r, p = _read_shard(shard, CONFIG)
+        records += r
+        starts += p
+    counts = torch.zeros(target.config.vocab_size, dtype=torch.int64)
+    for record, start in zip(records, starts):
+        counts += torch.bincount(record.tokens[start:], minlength=target.config.vocab_size)
+    ids = _draft_vocabulary(records, starts, 3, (7,), target.config.vocab_size)
+    top = set(torch.sort(counts, descending=True, stable=True).indices[:3].tolist())
+    assert 7 in ids.tolist() and len(ids) == 3  # a stop id is always in
+    assert set(ids.tolist()) - {7} <= top
+    assert ids.tolist() == sorted(ids.tolist())
+
+
+def test_an_interrupted_run_resumes_with_the_same_batches(tmp_path, monkeypatch):
+    target = tiny_target()
+    data = prompts(target)
+    whole = train_offline(target, data, tmp_path / "whole", CONFIG, progress=False,
+                          log=lambda line: None)
+    real_step, calls = training.train_step, []
+
+    def failing_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 15:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr("tlt_core.rl.drafter_warmup.train_step", failing_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_offline(target, data, tmp_path / "again", CONFIG, progress=False,
+                      log=lambda line: None)
+    monkeypatch.setattr("tlt_core.rl.drafter_warmup.train_step", real_step)
+    resumed = train_offline(target, data, tmp_path / "again", CONFIG, progress=False,
+                            log=lambda line: None)
+    assert resumed.steps == whole.steps
+    a = Drafter.load(tmp_path / "whole", target).state_dict()
+    b = Drafter.load(tmp_path / "again", target).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="other settings"):
+        train_offline(target, data, tmp_path / "again",
+                      OfflineConfig(**{**CONFIG.__dict__, "max_tokens": 20}), progress=False)
+
+
+def test_float32_twin_is_the_same_model_widened():
+    target = tiny_target().to(torch.bfloat16)
+    twin = float32_twin(target)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    positions = torch.arange(4)[None]
+    with torch.no_grad():
+        for name, tensor in twin.state_dict().items():
+            assert tensor.dtype == torch.float32
+            assert torch.equal(tensor, target.state_dict()[name].float())
+        twin(ids, positions)
+    assert float32_twin(twin) is twin
+
+
+def test_bad_offline_settings_are_refused(tmp_path):
+    target = tiny_target()
+    for field, value in (("held_out", 0), ("steps", 0), ("lr", 0.0), ("draft_vocab", 0)):
+        with pytest.raises(ValueError, match=field):
+            OfflineConfig(**{**CONFIG.__dict__, field: value})
+    with pytest.raises(ValueError, match="prompts"):
+        train_offline(target, prompts(target, 4), tmp_path / "d", CONFIG, progress=False)
+
+
+def test_tlt_drafter_train_command(tmp_path, capsys):
+    model, _ = tiny_checkpoint(tmp_path, with_drafter=False)
+    data = tmp_path / "prompts.jsonl"
+    g = torch.Generator().manual_seed(2)
+    lines = [{"prompt": " ".join(word(int(i)) for i in torch.randint(0, 32, (5,), generator=g))}
+             for _ in range(24)]
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "drafter"
+    args = ["drafter", "train", "--model", str(model), "--data", str(data), "--out", str(out),
+            "--held-out", "4", "--steps", "12", "--max-tokens", "16", "--draft-vocab", "20",
+            "--rollout-batch", "8", "--batch-tokens", "256", "--dtype", "float32",
+            "--chat-template", "none", "--no-progress"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "held-out acceptance length" in printed
+    record = json.loads((out / "drafter_config.json").read_text())
+    assert record["metadata"]["train_prompts"] == 20
+    assert record["drafter"]["draft_vocab"] <= 20
+    assert main(args) == 0  # a second run finds everything done and resumes to the same end
+    with pytest.raises(SystemExit, match="held-out"):
+        main(args[:-1] + ["--held-out", "0", "--no-progress"])
