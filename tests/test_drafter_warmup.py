@@ -1,7 +1,8 @@
-"""`tlt drafter train` / tlt_core.rl.drafter_warmup (the offline EAGLE warm-up): a drafter for any checkpoint from the
-target's own responses — harvested from the passes that generated them, a reduced draft
-vocabulary of the tokens they use, resumable with the same batches, the held-out acceptance in
-the folder's provenance — and the result drafts losslessly in the engine."""
+"""`tlt drafter train` / tlt_core.rl.drafter_warmup (the offline EAGLE warm-up): a drafter for
+any checkpoint from the target's own responses — harvested from the passes that generated them,
+a reduced draft vocabulary of the tokens they use, resumable with the same batches, the
+held-out acceptance in the folder's provenance — and the result drafts losslessly in the
+engine."""
 
 import json
 
