@@ -5,6 +5,9 @@ Workloads (64 requests, T = 1, each response ending at <eos>, as GRPO rolls out)
   embedded task's step counts (1 to 19 countdown steps: 14 to 140 tokens), so the rollout ends
   in the tail of the hardest prompt's 8 samples;
 - no_tail: 8 prompts x 8 samples, every prompt at the median step count: equal lengths.
+With a checkpoint (`--model DIR --drafter DIR`, `model_workloads`): long_tail is 8 arithmetic
+word problems x 8 samples in its chat template, each response ending at its end-of-turn token
+or 1024 tokens; no_tail the same prompts with no stop ids, every response 128 tokens.
 Modes, each on its own engine over the same model and drafter:
 - off: plain decoding;
 - always: SD on every step with the best fixed strategy, picked by one rollout of each
@@ -34,10 +37,13 @@ from tqdm import tqdm
 
 from tlt_core.adaptive.graph_pool import GraphPool
 from tlt_core.adaptive.policy import DEFAULT_PLANS, AdaptivePolicy
+from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelWorkload
+from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.engine.records import Request, SamplingParams, seconds_at_or_below
+from tlt_core.engine.records import (Request, SamplingParams, acceptance_by_position,
+                                     seconds_at_or_below)
 from tlt_core.model.kv_cache import CacheShape, KVCache
 
 MODES = ("off", "always", "adaptive", "adaptive_suffix")
@@ -64,12 +70,37 @@ def calibration_requests(count: int = 4, seed: int = 77) -> list[Request]:
             for p in generate_problems(TaskConfig(seed=seed, num_problems=count))]
 
 
+def model_workloads(model: ModelWorkload, samples: int = 8, prompts: int = 8,
+                    max_tokens: int = 1024, no_tail_tokens: int = 128
+                    ) -> tuple[dict[str, list[Request]], list[Request], int]:
+    """A checkpoint's workloads, calibration requests and engine max_len: long_tail is
+    `prompts` prompts x `samples` samples at T = 1, each ending at the model's stop ids or
+    max_tokens; no_tail the same prompts with no stop ids, every response exactly
+    no_tail_tokens long (the batch never shrinks: SD should stay off)."""
+    tail = SamplingParams(temperature=1.0, max_tokens=max_tokens, stop_ids=model.stop_ids)
+    flat = SamplingParams(temperature=1.0, max_tokens=no_tail_tokens)  # no stop ids
+    long_tail = [r for r in model.requests(prompts, tail) for _ in range(samples)]
+    no_tail = [Request(r.prompt_ids, flat) for r in long_tail]
+    calibration = model.requests(4, SamplingParams(temperature=1.0, max_tokens=16),
+                                 first=prompts)
+    longest = max(max_tokens, no_tail_tokens)
+    max_len = max(len(r.prompt_ids) for r in long_tail + calibration) + longest + 16
+    return {"long_tail": long_tail, "no_tail": no_tail}, calibration, max_len
+
+
 def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
-        progress: bool = True) -> dict:
-    config = EngineConfig(max_batch=max_batch, max_len=7 * 63 + 16 + 16, seed=seed)
-    calibration = calibration_requests()
-    rows, studies = [], {}
-    for workload, requests in workloads().items():
+        progress: bool = True, workload_set: dict[str, list[Request]] | None = None,
+        calibration: list[Request] | None = None, max_len: int = 7 * 63 + 16 + 16,
+        always: DraftPlan | None = None, studies: bool = True,
+        label: str = EMBEDDED_LABEL) -> dict:
+    """workload_set / calibration / max_len: the embedded task's by default (model_workloads
+    makes a checkpoint's). always: SD-always's plan (default: the best of a sweep over the
+    adaptive plans, one rollout each). studies: also the drafter-sync and graph-pool studies."""
+    config = EngineConfig(max_batch=max_batch, max_len=max_len, seed=seed)
+    calibration = calibration or calibration_requests()
+    workload_set = workload_set or workloads()
+    rows, studies_out = [], {}
+    for workload, requests in workload_set.items():
         engines = {mode: RolloutEngine(target, config, drafter) for mode in MODES}
         policies = {"off": None}
         policies["adaptive"] = AdaptivePolicy.from_calibration(
@@ -78,8 +109,10 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
             engines["adaptive_suffix"], DEFAULT_PLANS + SUFFIX_PLANS, calibration, seed=seed)
         model = policies["adaptive"].cost_model
         threshold = policies["adaptive"].switch.on_at
-        sweep = {plan: engines["always"].generate(requests, plan).total_s for plan in DEFAULT_PLANS}
-        policies["always"] = min(sweep, key=sweep.get)
+        sweep = ({} if always is not None else
+                 {plan: engines["always"].generate(requests, plan).total_s
+                  for plan in DEFAULT_PLANS})
+        policies["always"] = always if always is not None else min(sweep, key=sweep.get)
         results = {mode: [] for mode in MODES}
         bar = tqdm(total=(rounds + 1) * len(MODES), disable=not progress, unit="rollout",
                    desc=f"rollout {workload}")
@@ -97,27 +130,32 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
             tokens = statistics.median(sum(len(x.tokens) for x in r.rollouts) for r in runs)
             acceptance = [r.acceptance_length for r in runs if r.acceptance_length is not None]
             rows.append({
-                "workload": workload, "mode": mode, "makespan_s": makespan[mode],
+                "model": label, "workload": workload, "mode": mode,
+                "makespan_s": makespan[mode],
                 "tok_s": tokens / makespan[mode],
                 "tail_s": statistics.median(
                     seconds_at_or_below(r.trace_time_s.tolist(), r.trace_running.tolist(),
                                         threshold) for r in runs),
                 "acceptance_length": statistics.mean(acceptance) if acceptance else None,
+                "acceptance_by_position": acceptance_by_position(
+                    [step for r in runs for step in r.spec_steps]),
                 "speedup_vs_off": makespan["off"] / makespan[mode],
                 "tokens": tokens, "ideal_makespan_s": tokens / saturated,
                 "strategy": (policies[mode].key if mode == "always" else None),
                 "sd_on_share": (policies[mode].stats.sd_on_share
                                 if isinstance(policies[mode], AdaptivePolicy) else None)})
-        studies[workload] = {
+        studies_out[workload] = {
             "threshold": threshold, "calibration_s": model.calibration_s,
             "traces": {m: {"time_s": results[m][-1].trace_time_s.tolist(),
                            "running": results[m][-1].trace_running.tolist()} for m in MODES},
             "always_sweep_s": {p.key: s for p, s in sweep.items()},
             "cost_model_tok_s": {f"{b}/{k}": v for (b, k), v in model.rates.items()}}
-    studies["drafter_sync"] = drafter_sync_study(target, drafter, config, workloads()["long_tail"],
-                                                 calibration, rounds, seed)
-    studies["graph_pool"] = graph_pool_study(target, DEFAULT_PLANS + SUFFIX_PLANS, max_batch)
-    return {"rows": rows, "studies": studies}
+    if studies:
+        studies_out["drafter_sync"] = drafter_sync_study(
+            target, drafter, config, workload_set["long_tail"], calibration, rounds, seed)
+        studies_out["graph_pool"] = graph_pool_study(target, DEFAULT_PLANS + SUFFIX_PLANS,
+                                                     max_batch)
+    return {"model": label, "rows": rows, "studies": studies_out}
 
 
 def drafter_sync_study(target, drafter, config, requests, calibration, rounds, seed) -> dict:
@@ -181,7 +219,7 @@ def plot(result: dict, path) -> None:
                    label="SD threshold")
         ax.set_xlabel("seconds")
         ax.set_ylabel("running batch")
-        ax.set_title(f"{workload}: 64 requests, T=1")
+        ax.set_title(f"{workload}: {result.get('model', EMBEDDED_LABEL)}, T=1", fontsize=9)
         ax.legend()
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -202,11 +240,13 @@ def format_table(result: dict) -> str:
         lines.append(f"{workload}: SD threshold {s['threshold']} (calibrated in "
                      f"{s['calibration_s']:.1f} s), ideal makespan "
                      f"{next(r['ideal_makespan_s'] for r in result['rows'] if r['workload'] == workload):.3f} s")
-    sync = result["studies"]["drafter_sync"]
-    lines.append(f"drafter sync (long_tail, adaptive): eager {sync['eager_makespan_s']:.3f} s, "
-                 f"lazy {sync['lazy_makespan_s']:.3f} s ({sync['lazy_speedup']:.2f}x)")
-    pool = result["studies"]["graph_pool"]
-    lines.append("graph pool: " + (f"{pool['shared_pool_bytes'] / 2**20:.1f} MiB shared vs "
-                                   f"{pool['naive_bytes'] / 2**20:.1f} MiB naive"
-                                   if pool["available"] else pool["why"]))
-    return "\n".join(lines)
+    sync = result["studies"].get("drafter_sync")
+    if sync is not None:
+        lines.append(f"drafter sync (long_tail, adaptive): eager {sync['eager_makespan_s']:.3f} "
+                     f"s, lazy {sync['lazy_makespan_s']:.3f} s ({sync['lazy_speedup']:.2f}x)")
+    pool = result["studies"].get("graph_pool")
+    if pool is not None:
+        lines.append("graph pool: " + (f"{pool['shared_pool_bytes'] / 2**20:.1f} MiB shared vs "
+                                       f"{pool['naive_bytes'] / 2**20:.1f} MiB naive"
+                                       if pool["available"] else pool["why"]))
+    return f"model: {result.get('model', EMBEDDED_LABEL)}\n" + "\n".join(lines)

@@ -1,21 +1,30 @@
 """`tlt bench speculative`: speculative rollout vs plain decoding, side by side, per batch size.
 
-Workload: held-out problems of the embedded task, answered by the pre-trained embedded model
-with its offline-trained drafter, at the given temperature, each response ending at <eos> as in RL rollouts.
-For a batch size b the engine holds at most b running rows and gets max(2b, 16) requests, so
-the batch stays near b until the queue drains. Plain decoding and each strategy run the same
-requests with the same seeds, interleaved (plain, strategies, plain, ...) so machine noise hits
-them alike; each number is the median of `reps` runs. A row reports generated tokens per second
-for both, speedup = sd / plain, and the acceptance length (tokens a row emits per speculative
-step). Greedy runs also check that SD produced exactly the plain tokens.
+Workload: the pre-trained embedded model with its offline-trained drafter on held-out problems
+of the embedded task, or a local checkpoint with its drafter (`--model DIR --drafter DIR`) on
+arithmetic word problems in its chat template (tlt_core.bench.model_workload); at the given
+temperature, each response ending at the model's stop ids as in RL rollouts.
+For a batch size b the engine holds at most b running rows and gets `requests(b)` requests
+(default max(2b, 16)), so the batch stays near b until the queue drains. Plain decoding and each
+strategy run the same requests with the same seeds, interleaved (plain, strategies, plain, ...)
+so machine noise hits them alike; each number is the median of `reps` runs. A row reports
+generated tokens per second for both, speedup = sd / plain, and the acceptance length (tokens a
+row emits per speculative step), overall and by context position. Greedy runs compare SD's
+tokens with plain decoding's: in float32 they must be equal (a difference raises); in bf16 and
+fp16 the two passes round differently (a tree pass vs a one-token pass), so a row may diverge
+after a near-tie, and the row reports the share of responses equal token for token and the mean
+position of the first difference among the others.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
+
+import torch
 
 from tqdm import tqdm
 
@@ -23,9 +32,13 @@ from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.engine.records import Request, SamplingParams
+from tlt_core.bench.model_workload import EMBEDDED_LABEL
+from tlt_core.engine.records import (Request, RolloutResult, SamplingParams,
+                                     acceptance_by_position)
 from tlt_core.model.transformer import Transformer
 
+# (batch, temperature, seed) -> (requests, the engine's max_len)
+RequestSource = Callable[[int, float, int], tuple[list[Request], int]]
 DEFAULT_STRATEGIES = (Strategy(6, 1, 7), Strategy(8, 1, 9), Strategy(12, 1, 13),
                       Strategy(5, 4, 16), Strategy(6, 8, 32))
 
@@ -40,7 +53,20 @@ class SpeculativeCase:
     speedup: float
     temperature: float
     requests: int
-    tokens: int  # generated per run (same for both under greedy)
+    tokens: int  # generated per run (same for both under exact greedy)
+    model: str = EMBEDDED_LABEL
+    acceptance_by_position: dict = field(default_factory=dict)
+    # greedy only: share of responses equal to plain decoding's token for token, and the mean
+    # index of the first differing token among the others (None: all equal)
+    greedy_equal: float | None = None
+    first_divergence: float | None = None
+    # the speculative step's profile (means over its steps, milliseconds): growing the draft
+    # trees, the target's tree pass with the verification kernel, and the accept phase
+    # (compaction, the drafter's catch-up, committing); plain_step_ms: a plain step's mean
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    accept_ms: float = 0.0
+    plain_step_ms: float = 0.0
 
 
 def parse_strategy(text: str) -> Strategy:
@@ -68,44 +94,69 @@ def embedded_requests(count: int, temperature: float, seed: int, max_tokens: int
 
 def run(target: Transformer, drafter: Drafter, batches=(1, 4, 16, 64),
         strategies=DEFAULT_STRATEGIES, temperature: float = 1.0, reps: int = 3,
-        seed: int = 4242, max_tokens: int | None = None, progress: bool = True
+        seed: int = 4242, max_tokens: int | None = None, progress: bool = True,
+        requests_for: RequestSource | None = None, label: str = EMBEDDED_LABEL
         ) -> list[SpeculativeCase]:
+    """requests_for(batch, temperature, seed) -> (requests, engine max_len); default: the
+    embedded task's (embedded_requests)."""
+    if requests_for is None:
+        def requests_for(batch, temperature, seed):
+            return embedded_requests(max(2 * batch, 16), temperature, seed, max_tokens)
+    exact = next(target.parameters()).dtype == torch.float32
     results = []
     bar = tqdm(total=len(batches) * len(strategies) * reps, disable=not progress,
                desc="speculative", unit="run")
     for batch in batches:
-        requests, max_len = embedded_requests(max(2 * batch, 16), temperature, seed + batch,
-                                              max_tokens)
+        requests, max_len = requests_for(batch, temperature, seed + batch)
         engine = RolloutEngine(target, EngineConfig(max_batch=batch, max_len=max_len, seed=seed),
                                drafter)
         plain_result = engine.generate(requests)  # untimed (one-time costs); the greedy reference
         plain_tokens = sum(len(r.tokens) for r in plain_result.rollouts)
         for strategy in strategies:
             engine.generate(requests, strategy=strategy)  # untimed: one-time costs
-            plain_times, sd_times, sd_tokens, acceptance = [], [], 0, []
+            plain_times, sd_times, sd_tokens, runs, plain_steps = [], [], 0, [], 0
             for _ in range(reps):
                 t0 = time.perf_counter()
-                engine.generate(requests)
+                plain_steps = engine.generate(requests).decode_steps
                 plain_times.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 result = engine.generate(requests, strategy=strategy)
                 sd_times.append(time.perf_counter() - t0)
                 sd_tokens = sum(len(r.tokens) for r in result.rollouts)
-                acceptance.append(result.acceptance_length)
-                if temperature == 0:
-                    same = all(a.tokens.tolist() == b.tokens.tolist()
-                               for a, b in zip(plain_result.rollouts, result.rollouts))
-                    if not same:
-                        raise AssertionError(f"greedy SD output differs from plain decoding "
-                                             f"(batch {batch}, strategy {strategy})")
+                runs.append(result)
                 bar.update()
+            equal = divergence = None
+            if temperature == 0:
+                equal, divergence = greedy_agreement(plain_result, runs[-1])
+                if exact and equal != 1.0:
+                    raise AssertionError(f"greedy SD output differs from plain decoding in "
+                                         f"float32 (batch {batch}, strategy {strategy})")
             plain_s, sd_s = statistics.median(plain_times), statistics.median(sd_times)
             plain_rate, sd_rate = plain_tokens / plain_s, sd_tokens / sd_s
-            results.append(SpeculativeCase(batch, strategy.key, statistics.mean(acceptance),
-                                           sd_rate, plain_rate, sd_rate / plain_rate,
-                                           temperature, len(requests), sd_tokens))
+            steps = [step for r in runs for step in r.spec_steps]
+            profile = {name: 1e3 * statistics.mean(getattr(step, name + "_s") for step in steps)
+                       for name in ("draft", "verify", "accept")}
+            results.append(SpeculativeCase(
+                batch, strategy.key, statistics.mean(r.acceptance_length for r in runs),
+                sd_rate, plain_rate, sd_rate / plain_rate, temperature, len(requests),
+                sd_tokens, label, acceptance_by_position(steps), equal, divergence,
+                profile["draft"], profile["verify"], profile["accept"],
+                1e3 * plain_s / max(plain_steps, 1)))
     bar.close()
     return results
+
+
+def greedy_agreement(plain: RolloutResult, sd: RolloutResult) -> tuple[float, float | None]:
+    """(share of responses equal token for token, mean index of the first difference among
+    those that differ, or None)."""
+    firsts = []
+    for a, b in zip(plain.rollouts, sd.rollouts, strict=True):
+        x, y = a.tokens.tolist(), b.tokens.tolist()
+        if x != y:
+            firsts.append(next((i for i, (p, q) in enumerate(zip(x, y)) if p != q),
+                               min(len(x), len(y))))
+    equal = 1 - len(firsts) / len(plain.rollouts)
+    return equal, (statistics.mean(firsts) if firsts else None)
 
 
 def as_rows(results: list[SpeculativeCase]) -> list[dict]:
@@ -113,11 +164,15 @@ def as_rows(results: list[SpeculativeCase]) -> list[dict]:
 
 
 def format_table(results: list[SpeculativeCase]) -> str:
-    lines = [f"{'batch':>6} {'strategy':>12}{'accept':>8}{'sd_tok_s':>10}{'plain_tok_s':>12}"
-             f"{'speedup':>9}"]
+    lines = [f"model: {results[0].model}, T={results[0].temperature}" if results else "",
+             f"{'batch':>6} {'strategy':>12}{'accept':>8}{'sd_tok_s':>10}{'plain_tok_s':>12}"
+             f"{'speedup':>9}{'greedy=':>9}   step ms: draft verify accept | plain"]
     for r in results:
+        equal = "" if r.greedy_equal is None else f"{r.greedy_equal:.0%}"
         lines.append(f"{r.batch:>6} {r.strategy:>12}{r.acceptance_length:>8.2f}"
-                     f"{r.sd_tok_s:>10.0f}{r.plain_tok_s:>12.0f}{r.speedup:>8.2f}x")
+                     f"{r.sd_tok_s:>10.0f}{r.plain_tok_s:>12.0f}{r.speedup:>8.2f}x{equal:>9}"
+                     f"{r.draft_ms:>17.1f}{r.verify_ms:>7.1f}{r.accept_ms:>7.1f} |"
+                     f"{r.plain_step_ms:>6.1f}")
     return "\n".join(lines)
 
 
@@ -136,7 +191,8 @@ def plot(results: list[SpeculativeCase], path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size (running rows)")
     ax.set_ylabel("speedup over plain decoding")
-    ax.set_title(f"Speculative rollout, embedded model, T={results[0].temperature}")
+    ax.set_title(f"Speculative rollout, {results[0].model}, T={results[0].temperature}",
+                 fontsize=9)
     ax.legend(title="(depth,topk,N)")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """`tlt bench train`: GRPO end to end, TLT against SD off, side by side.
 
-Three runs of the same config on the embedded task and model, stepped in turn (step k of each,
-then step k + 1) so machine noise hits them alike: TLT (adaptive SD, seed s), SD off (seed s),
+Three runs of the same config on the embedded task and model (or a checkpoint with its drafter
+on arithmetic word problems, `--model DIR --drafter DIR`), stepped in turn (step k of each, then
+step k + 1) so machine noise hits them alike: TLT (adaptive SD, seed s), SD off (seed s),
 and SD off again with another seed (s + 1), whose reward curve against the first SD-off run is
 the noise floor. Rows: per step and run, step time, rollout time, reward. Summary: `speedup`
 (SD-off time / TLT time, summed over steps), `reward_gap` (mean |reward_TLT - reward_off| per
@@ -12,20 +13,27 @@ not).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
+from typing import Callable
 
 from tqdm import tqdm
 
+from tlt_core.bench.model_workload import EMBEDDED_LABEL
 from tlt_core.embedded.workload import train_inputs
+from tlt_core.rl.inputs import TrainInputs
 from tlt_core.rl.driver import GRPODriver, TrainConfig
 
 RUNS = (("tlt", True, 0), ("off", False, 0), ("off_seed2", False, 1))
 
 
-def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True) -> dict:
+def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True,
+        inputs: Callable[[], TrainInputs] | None = None, label: str = EMBEDDED_LABEL) -> dict:
+    """inputs: builds one run's TrainInputs, called once per run so that each run trains its
+    own copy of the policy and drafter (default: the embedded workload's)."""
+    inputs_for_run = inputs or (lambda: train_inputs(progress=progress))
     drivers = {}
     for name, tlt, seed_offset in RUNS:
-        inputs = train_inputs(progress=progress)
+        inputs = inputs_for_run()
         drivers[name] = GRPODriver(inputs.policy, inputs.prompts, inputs.reward_fn,
                                    inputs.detokenize, inputs.stop_ids,
                                    replace(config, tlt=tlt, seed=config.seed + seed_offset),
@@ -35,14 +43,17 @@ def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True) -> d
     for _ in range(config.steps):
         for name, driver in drivers.items():
             m = driver.step()
-            rows.append({"run": name, "step": m["step"], "step_s": m["step_s"],
+            rows.append({"model": label, "run": name, "step": m["step"],
+                         "step_s": m["step_s"],
                          "rollout_s": m["rollout_s"], "train_s": m["train_s"],
                          "reward": m["reward"], "acceptance_length": m["acceptance_length"],
+                         **{key: m[key] for key in m if key.startswith("acceptance_length/")},
                          "sd_on_share": m["sd_on_share"], "logprob_gap": m["logprob_gap"],
                          "tokens": sum(m["response_lengths"])})
             bar.update()
     bar.close()
-    return {"rows": rows, "summary": summarize(rows)}
+    return {"model": label, "config": asdict(config), "rows": rows,
+            "summary": summarize(rows)}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -66,7 +77,8 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'step':>4}" + "".join(f"{run + ' s':>13}{'reward':>8}" for run, _, _ in RUNS)]
+    lines = [f"model: {result.get('model', EMBEDDED_LABEL)}",
+             f"{'step':>4}" + "".join(f"{run + ' s':>13}{'reward':>8}" for run, _, _ in RUNS)]
     steps = sorted({r["step"] for r in result["rows"]})
     for step in steps:
         cells = ""

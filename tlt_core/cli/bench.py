@@ -21,13 +21,60 @@ from tlt_core.bench import prefill as bench_prefill
 from tlt_core.bench import rollout as bench_rollout
 from tlt_core.bench import simulate as bench_simulate
 from tlt_core.bench import speculative as bench_speculative
+from tlt_core.bench.model_workload import (DEFAULT_PROBLEMS_SEED, EMBEDDED_LABEL,
+                                           ModelWorkload, load_model_workload, model_label)
 from tlt_core.bench import train as bench_train
 from tlt_core.embedded.task import length_stats
 from tlt_core.embedded.workload import load_embedded, load_pretrained
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.cli.model_options import placement_from_args
+from tlt_core.engine.records import SamplingParams
+from tlt_core.model.gguf_convert import cache_root
+from tlt_core.rl.arithmetic_problems import generate_problems, write_jsonl
 from tlt_core.rl.driver import TrainConfig
+from tlt_core.rl.inputs import TrainInputs, checkpoint_inputs
 from tlt_core.sim.simulator import load_calibration
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model/--drafter/--data/--dtype/--device: a benchmark on a local checkpoint instead of
+    the embedded model (tlt_core.bench.model_workload)."""
+    parser.add_argument("--model", type=Path, metavar="DIR",
+                        help="a local Hugging Face checkpoint folder (default: the embedded "
+                             "model)")
+    parser.add_argument("--drafter", type=Path, metavar="DIR",
+                        help="the drafter for --model (tlt drafter train's folder, a tlt export, "
+                             "or a published EAGLE / EAGLE-3 checkpoint)")
+    parser.add_argument("--data", type=Path, metavar="FILE",
+                        help="prompts for --model (default: the project's arithmetic word "
+                             "problems, seed 1) in its chat template")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
+                        default="auto", help="--model's dtype (auto: as tlt generate chooses)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where --model runs")
+
+
+def model_workload(args: argparse.Namespace, command: str, *,
+                   needs_drafter: bool) -> ModelWorkload:
+    """The --model workload the flags ask for; errors name the flag."""
+    if needs_drafter and args.drafter is None:
+        raise SystemExit(f"{command}: --model needs --drafter DIR (train one with `tlt drafter "
+                         "train --model DIR --data FILE --out DIR`)")
+    placement = placement_from_args(args, command, embedded=False)
+    try:
+        return load_model_workload(args.model, placement, drafter=args.drafter, data=args.data)
+    except (FileNotFoundError, ImportError, ValueError) as error:
+        raise SystemExit(f"{command}: {error}") from None
+
+
+def _arithmetic_file() -> Path:
+    """The default --data of a --model benchmark: the arithmetic problems (seed 1) that
+    tlt_core.bench.model_workload uses, written once into the tlt_core cache."""
+    path = cache_root() / "bench" / f"arithmetic-seed{DEFAULT_PROBLEMS_SEED}.jsonl"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(path, generate_problems(256, seed=DEFAULT_PROBLEMS_SEED))
+    return path
 
 
 def _int_list(text: str) -> list[int]:
@@ -128,6 +175,12 @@ def add_parsers(commands) -> None:
     speculative.add_argument("--temperature", type=float, default=1.0,
                              help="sampling temperature (0: greedy, also checks SD == plain)")
     speculative.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
+    speculative.add_argument("--requests", type=int, metavar="N",
+                             help="requests per batch size (default: max(2 x batch, 16))")
+    speculative.add_argument("--max-tokens", type=int, metavar="N",
+                             help="longest response (default: the embedded task's longest "
+                                  "reference, or 256 with --model)")
+    add_model_arguments(speculative)
     speculative.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     drafter = bench_kinds.add_parser(
@@ -165,6 +218,12 @@ def add_parsers(commands) -> None:
                          help="plot the running batch over time per mode here")
     rollout.add_argument("--rounds", type=int, default=3,
                          help="measured rounds per mode (medians), after one unmeasured round")
+    rollout.add_argument("--always", metavar="D,K,N",
+                         help="SD-always's strategy (default: the best of one rollout per "
+                              "adaptive plan)")
+    rollout.add_argument("--max-tokens", type=int, default=1024, metavar="N",
+                         help="with --model: longest long-tail response")
+    add_model_arguments(rollout)
     rollout.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     bench_train = bench_kinds.add_parser(
@@ -175,6 +234,13 @@ def add_parsers(commands) -> None:
                     "reward noise.")
     bench_train.add_argument("--json", type=Path, metavar="FILE", help="write rows + summary")
     bench_train.add_argument("--steps", type=int, default=12, help="GRPO steps per run")
+    bench_train.add_argument("--prompts-per-step", type=int, metavar="N",
+                             help="prompts per GRPO step (default: TrainConfig's)")
+    bench_train.add_argument("--samples-per-prompt", type=int, metavar="N",
+                             help="samples per prompt (default: TrainConfig's)")
+    bench_train.add_argument("--max-new-tokens", type=int, metavar="N",
+                             help="longest response (default: TrainConfig's)")
+    add_model_arguments(bench_train)
     bench_train.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     simulate = bench_kinds.add_parser(
@@ -285,13 +351,30 @@ def run_prefill(args: argparse.Namespace) -> int:
 def run_speculative(args: argparse.Namespace) -> int:
     strategies = (bench_speculative.DEFAULT_STRATEGIES if not args.strategy else
                   [bench_speculative.parse_strategy(text) for text in args.strategy])
-    workload = load_embedded(progress=not args.no_progress)
-    report = workload.drafter_report
-    print(f"drafter: {report.steps} training steps, teacher-forced top-1 agreement "
-          f"{report.final_top1:.3f}")
-    results = bench_speculative.run(workload.target, workload.drafter, batches=args.batch,
+    count = (lambda batch: args.requests) if args.requests else (lambda b: max(2 * b, 16))
+    if args.model is None:
+        workload = load_embedded(progress=not args.no_progress)
+        report = workload.drafter_report
+        print(f"drafter: {report.steps} training steps, teacher-forced top-1 agreement "
+              f"{report.final_top1:.3f}")
+        target, drafter, label = workload.target, workload.drafter, EMBEDDED_LABEL
+
+        def requests_for(batch, temperature, seed):
+            return bench_speculative.embedded_requests(count(batch), temperature, seed,
+                                                       args.max_tokens)
+    else:
+        model = model_workload(args, "tlt bench speculative", needs_drafter=True)
+        target, drafter, label = model.target, model.drafter, model.label
+        max_tokens = args.max_tokens or 256
+
+        def requests_for(batch, temperature, seed):
+            params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+            requests = model.requests(count(batch), params, first=seed)
+            return requests, max(len(r.prompt_ids) for r in requests) + max_tokens
+    results = bench_speculative.run(target, drafter, batches=args.batch,
                                     strategies=strategies, temperature=args.temperature,
-                                    reps=args.reps, progress=not args.no_progress)
+                                    reps=args.reps, progress=not args.no_progress,
+                                    requests_for=requests_for, label=label)
     print(bench_speculative.format_table(results))
     _write_rows(args.json, bench_speculative.as_rows(results))
     if args.plot:
@@ -301,9 +384,19 @@ def run_speculative(args: argparse.Namespace) -> int:
 
 
 def run_rollout(args: argparse.Namespace) -> int:
-    workload = load_embedded(progress=not args.no_progress)
-    result = bench_rollout.run(workload.target, workload.drafter, rounds=args.rounds,
-                               progress=not args.no_progress)
+    always = None if args.always is None else bench_speculative.parse_strategy(args.always)
+    if args.model is None:
+        workload = load_embedded(progress=not args.no_progress)
+        result = bench_rollout.run(workload.target, workload.drafter, rounds=args.rounds,
+                                   always=always, progress=not args.no_progress)
+    else:
+        model = model_workload(args, "tlt bench rollout", needs_drafter=True)
+        requests, calibration, max_len = bench_rollout.model_workloads(
+            model, max_tokens=args.max_tokens)
+        result = bench_rollout.run(model.target, model.drafter, rounds=args.rounds,
+                                   workload_set=requests, calibration=calibration,
+                                   max_len=max_len, always=always, studies=False,
+                                   label=model.label, progress=not args.no_progress)
     print(bench_rollout.format_table(result))
     if args.plot is not None:
         bench_rollout.plot(result, args.plot)
@@ -313,7 +406,30 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    result = bench_train.run(TrainConfig(steps=args.steps), progress=not args.no_progress)
+    sizes = {name: getattr(args, name) for name in ("prompts_per_step", "samples_per_prompt",
+                                                     "max_new_tokens")
+             if getattr(args, name) is not None}
+    try:
+        config = TrainConfig(steps=args.steps, **sizes)
+    except ValueError as error:
+        raise SystemExit(f"tlt bench train: --{str(error).replace('_', '-')}") from None
+    if args.model is None:
+        result = bench_train.run(config, progress=not args.no_progress)
+    else:
+        command = "tlt bench train"
+        if args.drafter is None:
+            raise SystemExit(f"{command}: --model needs --drafter DIR (tlt drafter train)")
+        placement = placement_from_args(args, command, embedded=False)
+        data = args.data or _arithmetic_file()
+
+        def inputs() -> TrainInputs:
+            try:
+                return checkpoint_inputs(args.model, data, drafter_path=args.drafter,
+                                         placement=placement)
+            except (FileNotFoundError, ImportError, ValueError) as error:
+                raise SystemExit(f"{command}: {error}") from None
+        result = bench_train.run(config, progress=not args.no_progress, inputs=inputs,
+                                 label=model_label(args.model, placement.dtype))
     print(bench_train.format_table(result))
     _write_json(args.json, result)
     return 0
