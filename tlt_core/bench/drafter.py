@@ -1,11 +1,28 @@
 """`tlt bench drafter`: the spot-trained drafter against a frozen one, on an evolving target.
 
-The evolving target: the pre-trained embedded model fine-tuned, round by round, toward a
-drifted task: the same prompts, but the countdown steps down by two (`37+04` ->
-`37;+04=41;+02=43;#43`), so its responses (step sizes, sums, lengths) move away from what the
-initial drafter learned. Checkpoint k is the model after k x `steps_per_round` AdamW steps on
-that task: a controlled stand-in for RL's policy updates, whose drift does not depend on
-rewards.
+The evolving target, on the embedded model (the default): the pre-trained embedded model
+fine-tuned, round by round, toward a drifted task: the same prompts, but the countdown steps
+down by two (`37+04` -> `37;+04=41;+02=43;#43`), so its responses (step sizes, sums, lengths)
+move away from what the initial drafter learned. Checkpoint k is the model after k x
+`steps_per_round` AdamW steps (lr 1e-3, 32 sequences a step) on that task: a controlled
+stand-in for RL's policy updates, whose drift does not depend on rewards.
+
+On a checkpoint (`--model DIR --drafter DIR`, run_model), the drift is a change of answer
+format: supervised fine-tuning on the project's arithmetic word problems (a seed of their own,
+DRIFT_PROBLEMS_SEED, not the rollouts' prompts), each the question in the checkpoint's prompt
+format (its chat template) followed by GSM8K's worked solution (`66-22 = <<66-22=44>>44`, then
+`#### 44`) and the first end-of-turn id, the loss on the answer only. An instruct model answers
+these questions in its own words, which is what its offline drafter learned (`tlt drafter
+train`: the model's own responses); the fine-tuning moves its responses toward GSM8K's
+notation. AdamW (lr MODEL_DRIFT_LR, gradients clipped to norm 1, MODEL_DRIFT_BATCH sequences a
+step) on float32 master weights when the checkpoint is bf16 or fp16
+(tlt_core.rl.master_weights: AdamW's small updates would round away in bf16). The rounds roll out
+the workload's prompts (`--data`, or the arithmetic problems of seed 1), a fresh slice each
+round, ending at the model's end-of-turn ids or `max_tokens`.
+
+Checkpoint 0 is the given folder; checkpoint k >= 1 is written by save_checkpoint (safetensors)
+into a temporary folder, and each rank loads it into its target in place, so the drafters
+attached to the target see it.
 
 Each round's requests are GRPO groups: `requests / group_size` prompts, `group_size` samples
 each (T = 1), a group's samples on one rank (`WorkerGroup.shard`), so the ranks' loads differ as
@@ -21,7 +38,16 @@ Rows per round; a summary with `spot_vs_frozen_acceptance` (mean acceptance, spo
 last half of the rounds), `spot_training_overhead` (makespan on / off - 1, summed over the
 rounds: an A/B comparison, as noisy as the machine) and `spot_training_overhead_accounted` (the
 same cost measured directly: the critical rank's harvest time plus the idle ranks' yield lag,
-over the makespan).
+over the makespan). Every row and the summary name the model (`model`).
+
+Runtime on a checkpoint: MODEL_CONFIG (4 rounds, 10 fine-tuning steps between rounds, 32
+requests of at most 128 tokens a round) is sized for SmolLM2-135M in bf16 on 2 CPU cores. An
+estimate, not a measurement, from its costs there (~700 tokens/s decoding at batch 32 on both
+cores, ~1,000 tokens/s training): ~1 minute of fine-tuning (30 steps of ~1,000 tokens plus
+AdamW on 135M float32 masters), ~40 s a round for the three SD rollouts of 16 rows per
+one-thread rank, and ~30 s of loading: about 4-5 minutes in all.
+
+Shapes: B sequences, T positions.
 """
 
 from __future__ import annotations
@@ -31,28 +57,87 @@ import itertools
 import json
 import math
 import os
+import random
 import tempfile
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelWorkload
 from tlt_core.bench.speculative import embedded_requests
-from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.export import load_drafter
 from tlt_core.drafting.training import TOKEN_WEIGHT
 from tlt_core.drafting.tree import Strategy
-from tlt_core.embedded.pretrain_data import make_batches
+from tlt_core.embedded.pretrain_data import PretrainBatch, make_batches
 from tlt_core.embedded.task import MODULUS, CharTokenizer, Problem, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.model.checkpoint import load_checkpoint
+from tlt_core.engine.records import Request, SamplingParams
+from tlt_core.model.checkpoint import load_checkpoint, save_checkpoint
+from tlt_core.model.prompt_format import load_prompt_format
+from tlt_core.model.transformer import Transformer
+from tlt_core.rl import arithmetic_problems
+from tlt_core.rl.master_weights import MasterWeightAdamW
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.harvest import HarvestBuffer
 from tlt_core.workers.idle import IdleDetector
 from tlt_core.workers.refresh import refresh
 from tlt_core.workers.round import rollout_round
 from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
+
+EMBEDDED_DRIFT_LR = 1e-3
+MODEL_DRIFT_LR = 1e-4
+MODEL_DRIFT_BATCH = 8  # sequences a fine-tuning step
+DRIFT_PROBLEMS, DRIFT_PROBLEMS_SEED = 512, 31337
+
+
+@dataclass(frozen=True)
+class DrafterBenchConfig:
+    """How much the benchmark runs; the defaults are the embedded run's, MODEL_CONFIG a
+    checkpoint's."""
+    rounds: int = 8  # evolving-target rounds
+    world: int = 2  # rollout ranks (processes)
+    requests: int = 192  # a round's, GRPO groups of group_size
+    group_size: int = 8
+    steps_per_round: int = 25  # target fine-tuning steps between rounds
+    extra_steps: int = 0  # the ceiling study's off-the-clock spot steps per rank and round
+    max_tokens: int | None = None  # longest response; None: the embedded task's reference's
+    max_batch: int | None = None  # a rank's running rows; None: its whole shard at once
+    strategy: tuple[int, int, int] = (6, 1, 7)
+    lr: float = 1e-3  # spot training's
+    token_weight: float = TOKEN_WEIGHT
+
+    def __post_init__(self):
+        for name in ("rounds", "world", "requests", "group_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
+        for name in ("steps_per_round", "extra_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: must be an int >= 0, got {value!r}")
+        for name in ("max_tokens", "max_batch"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
+        if self.requests % (self.group_size * self.world):
+            raise ValueError(f"requests: {self.requests} must be a multiple of group_size x "
+                             f"world = {self.group_size * self.world}")
+
+
+MODEL_CONFIG = DrafterBenchConfig(rounds=4, requests=32, group_size=4, steps_per_round=10,
+                                  max_tokens=128)
+
+
+def bench_config(model: bool, **flags) -> DrafterBenchConfig:
+    """The embedded run's defaults (model False) or a checkpoint's, with the given flags over
+    them (None: not given)."""
+    base = MODEL_CONFIG if model else DrafterBenchConfig()
+    return replace(base, **{name: value for name, value in flags.items() if value is not None})
 
 
 def drifted_solution(problem: Problem) -> Problem:
@@ -68,66 +153,102 @@ def drifted_solution(problem: Problem) -> Problem:
     return Problem(problem.prompt, solution, f"{value:02d}", len(lines) - 1)
 
 
-def evolving_checkpoints(target, rounds: int, steps_per_round: int, seed: int = 0) -> list[dict]:
-    """state_dicts of the target after 0, 1, ... rounds - 1 fine-tuning rounds on the drift."""
-    model = copy.deepcopy(target).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+def embedded_drift_batches(seed: int = 0) -> Iterator[PretrainBatch]:
+    """The embedded model's drift: the drifted task's solutions, 32 a batch, epoch after
+    epoch."""
     problems = [drifted_solution(p) for p in
                 generate_problems(TaskConfig(seed=seed + 31337, num_problems=4096))]
-    batches = (batch for epoch in itertools.count()
-               for batch in make_batches(problems, CharTokenizer(), 32, seed=seed + epoch))
-    states = [{k: v.detach().clone() for k, v in target.state_dict().items()}]
-    for _ in range(rounds - 1):
+    return (batch for epoch in itertools.count()
+            for batch in make_batches(problems, CharTokenizer(), 32, seed=seed + epoch))
+
+
+def gsm8k_drift_batches(folder: str | Path, device: torch.device | str = "cpu",
+                        batch_size: int = MODEL_DRIFT_BATCH) -> Iterator[PretrainBatch]:
+    """A checkpoint's drift (module docstring): prompt + GSM8K worked solution + end-of-turn
+    id, right-padded, the loss mask on the answer, epoch after epoch in a seeded order."""
+    prompt_format = load_prompt_format(folder)  # as load_model_workload encodes the prompts
+    tokenizer = prompt_format.tokenizer
+    end = list(tokenizer.eos_ids[:1])
+    sequences = [(prompt_format.encode(p["question"]),
+                  tokenizer.encode(p["answer"], add_special_tokens=False) + end)
+                 for p in arithmetic_problems.generate_problems(DRIFT_PROBLEMS,
+                                                                seed=DRIFT_PROBLEMS_SEED)]
+    for epoch in itertools.count():
+        order = list(range(len(sequences)))
+        random.Random(f"{DRIFT_PROBLEMS_SEED}/{epoch}").shuffle(order)
+        for first in range(0, len(order) - batch_size + 1, batch_size):
+            chosen = [sequences[i] for i in order[first:first + batch_size]]
+            width = max(len(prompt) + len(answer) for prompt, answer in chosen)
+            input_ids = torch.zeros(len(chosen), width, dtype=torch.int64)  # (B, T)
+            loss_mask = torch.zeros(len(chosen), width, dtype=torch.bool)  # (B, T)
+            for b, (prompt, answer) in enumerate(chosen):
+                input_ids[b, :len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+                loss_mask[b, len(prompt):len(prompt) + len(answer)] = True
+            yield PretrainBatch(input_ids.to(device), loss_mask.to(device))
+
+
+def evolving_checkpoints(target: Transformer, batches: Iterator[PretrainBatch], folder: Path, *,
+                         rounds: int, steps_per_round: int, lr: float,
+                         max_grad_norm: float = math.inf) -> list[Path]:
+    """Checkpoint folders (save_checkpoint, under `folder`) of the target after 1, ...,
+    rounds - 1 fine-tuning rounds of `steps_per_round` AdamW steps on `batches` (float32
+    masters for a bf16 or fp16 target: for a float32 one, plain AdamW)."""
+    model = copy.deepcopy(target).train()
+    optimizer = MasterWeightAdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
+    folders = []
+    for index in range(1, rounds):
         for _ in range(steps_per_round):
-            input_ids, loss_mask = next(batches)
-            positions = torch.arange(input_ids.shape[1])[None].expand_as(input_ids)
-            logits = model(input_ids[:, :-1], positions[:, :-1]).logits
-            targets = loss_mask[:, 1:]
+            input_ids, loss_mask = next(batches)  # (B, T) each
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            positions = positions[None].expand_as(input_ids)  # (B, T)
+            logits = model(input_ids[:, :-1], positions[:, :-1]).logits  # (B, T-1, V)
+            targets = loss_mask[:, 1:]  # (B, T-1): position t predicts token t + 1
             loss = torch.nn.functional.cross_entropy(logits[targets], input_ids[:, 1:][targets])
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             loss.backward()
-            optimizer.step()
-        states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-    return states
+            optimizer.clip_and_step(max_grad_norm)  # inf: no clipping
+        folders.append(folder / f"round-{index}")
+        save_checkpoint(model, folders[-1])
+    return folders
 
 
 def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=world)
-    group = WorkerGroup()
-    target = load_checkpoint(setup["target"]).eval()
-    frozen = Drafter.load(setup["drafter"], target).eval()
-    spot = Drafter.load(setup["drafter"], target).eval()
+    config, device, dtype = setup["config"], setup["device"], setup["dtype"]
+    group = WorkerGroup(device)
+    target = load_checkpoint(setup["checkpoints"][0], dtype=dtype, device=device).eval()
+    frozen = load_drafter(setup["drafter"], target).eval()
+    spot = load_drafter(setup["drafter"], target).eval()
     harvest = HarvestBuffer(max_bytes=8 << 20)  # about two rounds: recent targets only
-    trainer = SpotTrainer(spot, harvest, SpotConfig(lr=setup["lr"], batch_tokens=256,
-                                                    seed=rank,
-                                                    token_weight=setup["token_weight"]))
+    trainer = SpotTrainer(spot, harvest, SpotConfig(lr=config.lr, batch_tokens=256, seed=rank,
+                                                    token_weight=config.token_weight))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no NVML on a CPU machine: the engine signal decides
         detector = IdleDetector(idle_after_s=0.0)
-    strategy = Strategy(*setup["strategy"])
-    states = torch.load(setup["checkpoints"], weights_only=True)
+    strategy = Strategy(*config.strategy)
+    max_batch = config.max_batch or -(-config.requests // world)
     rows = []
-    for index, state in enumerate(states):
-        with torch.no_grad():
-            target.load_state_dict(state)
-        prompts, max_len = embedded_requests(setup["requests"] // setup["group_size"], 1.0,
-                                             900 + index, None)
-        requests = [r for r in prompts for _ in range(setup["group_size"])]  # GRPO groups
-        config = EngineConfig(max_batch=setup["max_batch"], max_len=max_len, seed=index)
+    for index, (checkpoint, (requests, max_len)) in enumerate(zip(setup["checkpoints"],
+                                                                  setup["rounds"])):
+        if index:
+            with torch.no_grad():
+                target.load_state_dict(load_checkpoint(checkpoint, dtype=dtype,
+                                                       device=device).state_dict())
+        engine_config = EngineConfig(max_batch=max_batch, max_len=max_len, seed=index)
         arms = {}
         for arm, drafter, train in (("frozen", frozen, False), ("spot_off", spot, False),
                                     ("spot_on", spot, True)):
-            engine = RolloutEngine(target, config, drafter, harvest if train else None)
+            engine = RolloutEngine(target, engine_config, drafter, harvest if train else None)
             _, stats = rollout_round(group, engine, requests, round_id=3 * index + len(arms),
                                      strategy=strategy, trainer=trainer if train else None,
                                      detector=detector if train else None,
-                                     group_size=setup["group_size"])
+                                     group_size=config.group_size)
             arms[arm] = stats
         trained = arms["spot_on"].spot_steps
-        if setup["extra_steps"]:  # the ceiling study: as if the tail had left this much idle
-            trained += trainer.train_until(lambda: False, max_steps=setup["extra_steps"]).steps
+        if config.extra_steps:  # the ceiling study: as if the tail had left this much idle
+            trained += trainer.train_until(lambda: False, max_steps=config.extra_steps).steps
         refreshed = refresh(group, spot, trained)
         rows.append({"round": index, "rank": rank, "refreshed": refreshed,
                      "extra_steps": trained - arms["spot_on"].spot_steps,
@@ -147,28 +268,59 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     os._exit(0)
 
 
-def run(target, drafter_folder: Path, target_folder: Path, *, rounds: int = 8, world: int = 2,
-        requests: int = 192, group_size: int = 8, max_batch: int | None = None,
-        steps_per_round: int = 25, extra_steps: int = 0,
-        strategy=(6, 1, 7), lr: float = 1e-3, token_weight: float = TOKEN_WEIGHT) -> dict:
+def run(target: Transformer, drafter_folder: Path, target_folder: Path,
+        config: DrafterBenchConfig = DrafterBenchConfig()) -> dict:
+    """The benchmark on the embedded model (`target`, loaded from `target_folder`, float32 on
+    the CPU) and its drafter folder: each round fresh task problems (family 900 + round)."""
+    prompts = config.requests // config.group_size
+    rounds = [embedded_requests(prompts, 1.0, 900 + index, config.max_tokens)
+              for index in range(config.rounds)]
+    return _run(target, target_folder, drafter_folder, rounds, config, EMBEDDED_LABEL,
+                embedded_drift_batches(), lr=EMBEDDED_DRIFT_LR, max_grad_norm=math.inf,
+                dtype=torch.float32, device=torch.device("cpu"))
+
+
+def run_model(model: ModelWorkload, config: DrafterBenchConfig = MODEL_CONFIG) -> dict:
+    """The benchmark on a checkpoint's workload (its target, folder, drafter folder, prompts
+    and placement): each round the next requests / group_size prompts, wrapping around."""
+    if model.drafter_folder is None:
+        raise ValueError("model: the workload needs a drafter folder (load_model_workload's "
+                         "drafter)")
+    if config.max_tokens is None:
+        raise ValueError("max_tokens: a checkpoint's rounds need a response limit")
+    prompts = config.requests // config.group_size
+    params = SamplingParams(temperature=1.0, max_tokens=config.max_tokens)
+    rounds = []
+    for index in range(config.rounds):
+        chosen = model.requests(prompts, params, first=index * prompts)
+        rounds.append((chosen, max(len(r.prompt_ids) for r in chosen) + config.max_tokens))
+    device = model.placement.device
+    return _run(model.target, model.folder, model.drafter_folder, rounds, config, model.label,
+                gsm8k_drift_batches(model.folder, device), lr=MODEL_DRIFT_LR,
+                max_grad_norm=1.0, dtype=model.placement.dtype, device=device)
+
+
+def _run(target: Transformer, target_folder: Path, drafter_folder: Path,
+         rounds: Sequence[tuple[list[Request], int]], config: DrafterBenchConfig, label: str,
+         drift: Iterator[PretrainBatch], *, lr: float, max_grad_norm: float,
+         dtype: torch.dtype, device: torch.device) -> dict:
+    """rounds: per round (one request per prompt, the engine max_len they need); each prompt
+    is sampled group_size times."""
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        if requests % (group_size * world):
-            raise ValueError(f"requests: {requests} must be a multiple of group_size x world = "
-                             f"{group_size * world}")
-        torch.save(evolving_checkpoints(target, rounds, steps_per_round), folder / "ckpt.pt")
-        setup = {"target": str(target_folder), "drafter": str(drafter_folder),
-                 "checkpoints": str(folder / "ckpt.pt"), "requests": requests,
-                 "group_size": group_size, "extra_steps": extra_steps,
-                 # default: a rank admits its whole shard at once, as an RL rollout does, so
-                 # the ranks' longest responses decide who idles in the tail
-                 "max_batch": max_batch or -(-requests // world), "strategy": list(strategy), "lr": lr,
-                 "token_weight": token_weight,
+        checkpoints = [Path(target_folder)] + evolving_checkpoints(
+            target, drift, folder, rounds=config.rounds,
+            steps_per_round=config.steps_per_round, lr=lr, max_grad_norm=max_grad_norm)
+        setup = {"config": config, "drafter": str(drafter_folder), "dtype": dtype,
+                 "device": device, "checkpoints": [str(c) for c in checkpoints],
+                 "rounds": [([r for r in prompts for _ in range(config.group_size)], max_len)
+                            for prompts, max_len in rounds],  # GRPO groups
                  "out": str(folder / "rows.json")}
-        mp.spawn(_worker, args=(world, str(folder / "rendezvous"), setup), nprocs=world,
-                 join=True)
+        mp.spawn(_worker, args=(config.world, str(folder / "rendezvous"), setup),
+                 nprocs=config.world, join=True)
         rows = json.loads((folder / "rows.json").read_text())
-    return {"rows": rows, "summary": summarize(rows, rounds)}
+    rows = [{"model": label, **row} for row in rows]
+    return {"rows": rows, "summary": {"model": label, **summarize(rows, config.rounds)}}
 
 
 def summarize(rows: list[dict], rounds: int) -> dict:

@@ -1,15 +1,31 @@
 """`tlt bench simulate`: the scale simulator checked against measured 2-rank rollouts here,
 then a projection.
 
-Validation: for several tail shapes (`tlt_core.sim.traces` families, 64 forced-length requests in
-groups of 8, on prompts whose natural responses are longer than any forced length), 2 gloo
-ranks (one thread each) each calibrate a cost model on their engine (in parallel, as they then
-run; every measurement swept `reps` times, medians kept), then roll out each trace `reps`
-times with SD off and with SD (6,1,7) on every step; the simulator predicts each median
-makespan from rank 0's cost model (SD off from its SD_OFF steps, with no drafter in the loop)
-and the run's mean acceptance. A row per (shape, mode): measured, predicted, error.
+Validation: for several tail shapes (`tlt_core.sim.traces` families; by default 64
+forced-length requests in groups of 8, at most 400 tokens), 2 gloo ranks (one thread each) each
+calibrate a cost model on their engine (in parallel, as they then run; every measurement swept
+`reps` times, medians kept), then roll out each trace `reps` times with SD off and with SD
+(6,1,7) on every step; the simulator predicts each median makespan from rank 0's cost model (SD
+off from its SD_OFF steps, with no drafter in the loop) and the run's mean acceptance. A row per
+(shape, mode): measured, predicted, error.
+
+The model: the embedded one by default, on prompts whose natural responses are longer than any
+forced length (embedded_replay); or a checkpoint (`--model DIR --drafter DIR`, model_replay) on
+its workload's prompts (ModelWorkload.prompts: `--data`, or the arithmetic problems), in its
+dtype and on its device. A forced length is a request with no stop ids and max_tokens = the
+trace's length, so a response longer than the model's natural one runs on past its end-of-turn
+token, where drafts are accepted less: the acceptance measured on the run is the simulator's
+input, as for the embedded model. Rows and result name the model (`model`).
+
+Runtime on a checkpoint: MODEL_SIZES (32 requests in groups of 4, at most 128 tokens,
+calibrated on 32-token responses at batches 1-16) is sized for SmolLM2-135M in bf16 on 2 CPU
+cores with the default 3 reps. An estimate, not a measurement, from its costs there (~75
+tokens/s decoding at batch 1 and ~700 at batch 32 on both cores, so about half on a one-thread
+rank): ~30 s a calibration sweep, ~6 s a rollout of 16 rows a rank (30 rollouts), ~30 s of
+loading: about 5-6 minutes in all.
+
 Projection: the simulator alone, for many workers and a long trace, with a cost model from a
-calibration file (the GPU script writes one) or this machine's: a projection, not a
+calibration file (the GPU script writes one) or the one measured here: a projection, not a
 measurement.
 """
 
@@ -17,7 +33,9 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,9 +43,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tlt_core.adaptive.cost_model import calibrate
-from tlt_core.drafting.drafter import Drafter
+from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelWorkload
+from tlt_core.drafting.export import load_drafter
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
+from tlt_core.embedded.workload import EmbeddedWorkload
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.sim.simulator import adaptive_plan, load_calibration, save_calibration, simulate
@@ -44,37 +64,114 @@ SHAPES = {
 }
 PLAN = Strategy(6, 1, 7)
 CALIBRATION_BATCHES = (1, 2, 4, 8, 16, 32)
+CALIBRATION_PROMPTS = 4
+WORLD = 2
+
+
+@dataclass(frozen=True)
+class TraceSizes:
+    """The validation's traces; the defaults are the embedded run's, MODEL_SIZES a
+    checkpoint's."""
+    requests: int = 64  # per trace, both ranks together (a rank runs its half at once)
+    group_size: int = 8  # a trace's requests share a prompt (and a length scale) in groups
+    max_length: int = 400  # longest forced response
+    calibration_tokens: int = 192  # each calibration request's forced length
+
+    def __post_init__(self):
+        for name in ("requests", "group_size", "max_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
+        if not isinstance(self.calibration_tokens, int) or self.calibration_tokens < 2:
+            raise ValueError(f"calibration_tokens: must be an int >= 2, got "
+                             f"{self.calibration_tokens!r}")
+        if self.requests % (self.group_size * WORLD):
+            raise ValueError(f"requests: {self.requests} must be a multiple of group_size x "
+                             f"{WORLD} ranks = {self.group_size * WORLD}")
+
+
+MODEL_SIZES = TraceSizes(requests=32, group_size=4, max_length=128, calibration_tokens=32)
+
+
+def trace_sizes(model: bool, **flags) -> TraceSizes:
+    """The embedded run's sizes (model False) or a checkpoint's, with the given flags over them
+    (None: not given)."""
+    base = MODEL_SIZES if model else TraceSizes()
+    return replace(base, **{name: value for name, value in flags.items() if value is not None})
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the validation rolls out, on which model."""
+    target_folder: Path
+    drafter_folder: Path  # any layout load_drafter reads
+    prompts: list[tuple[int, ...]]  # (requests / group_size,) token ids: one per group
+    calibration_prompts: list[tuple[int, ...]]  # (CALIBRATION_PROMPTS,) token ids
+    sizes: TraceSizes
+    max_len: int  # the engines'
+    label: str  # the model, for the rows
+    dtype: torch.dtype = torch.float32
+    device: torch.device = torch.device("cpu")
+    prompt_length: float = 8.0  # the simulator's mean prompt tokens (its default: embedded)
+
+
+def embedded_replay(workload: EmbeddedWorkload, sizes: TraceSizes = TraceSizes()) -> Replay:
+    """The embedded model on prompts whose natural responses outlast every forced length (57+
+    countdown steps: about 400 tokens before <eos>), so a forced length cuts a response short
+    and never runs past its end into text no drafter was trained on; calibrated on the same
+    kind of prompts, so the rates average over contexts like the replay's."""
+    tokenizer = CharTokenizer()
+    groups = sizes.requests // sizes.group_size
+    prompts = [tuple(tokenizer.prompt_ids(p.prompt)) for p in generate_problems(
+        TaskConfig(seed=31, num_problems=groups + CALIBRATION_PROMPTS, min_steps=57,
+                   max_steps=63))]
+    return Replay(workload.target_folder, workload.drafter_folder, prompts[:groups],
+                  prompts[groups:], sizes, max_len=600, label=EMBEDDED_LABEL)
+
+
+def model_replay(model: ModelWorkload, sizes: TraceSizes = MODEL_SIZES) -> Replay:
+    """A checkpoint on its workload's prompts: the first one per group, the next ones for the
+    calibration (wrapping around)."""
+    if model.drafter_folder is None:
+        raise ValueError("model: the workload needs a drafter folder (load_model_workload's "
+                         "drafter)")
+    groups = sizes.requests // sizes.group_size
+    chosen = [model.prompts[i % len(model.prompts)] for i in range(groups + CALIBRATION_PROMPTS)]
+    longest = max(sizes.max_length, sizes.calibration_tokens)
+    return Replay(model.folder, model.drafter_folder, chosen[:groups], chosen[groups:], sizes,
+                  max_len=max(map(len, chosen)) + longest + 16, label=model.label,
+                  dtype=model.placement.dtype, device=model.placement.device,
+                  prompt_length=statistics.mean(map(len, chosen[:groups])))
 
 
 def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     torch.set_num_threads(1)
-    tokenizer = CharTokenizer()
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=world)
-    group = WorkerGroup()
-    target = load_checkpoint(setup["target"]).eval()
-    drafter = Drafter.load(setup["drafter"], target).eval()
-    engine = RolloutEngine(target, EngineConfig(max_batch=32, max_len=600, seed=0), drafter)
-    # Prompts whose natural responses outlast every forced length (57+ countdown steps: about
-    # 400 tokens before <eos>), so a forced length cuts a response short and never runs past
-    # its end into text no drafter was trained on. Calibrated on the same kind of prompts, to
-    # 192 tokens, so the rates average over contexts like the replay's.
-    long_prompts = [tuple(tokenizer.prompt_ids(p.prompt)) for p in generate_problems(
-        TaskConfig(seed=31, num_problems=12, min_steps=57, max_steps=63))]
-    calibration = replay_requests([192] * 4, long_prompts[8:], group_size=1)
-    cost = calibrate(engine, [PLAN], CALIBRATION_BATCHES, calibration, max_tokens=192,
-                     sd_off=True, reps=setup["reps"])
+    replay, reps = setup["replay"], setup["reps"]
+    sizes = replay.sizes
+    group = WorkerGroup(replay.device)
+    target = load_checkpoint(replay.target_folder, dtype=replay.dtype,
+                             device=replay.device).eval()
+    drafter = load_drafter(replay.drafter_folder, target).eval()
+    engine = RolloutEngine(target, EngineConfig(max_batch=sizes.requests // world,
+                                                max_len=replay.max_len, seed=0), drafter)
+    calibration = replay_requests([sizes.calibration_tokens] * len(replay.calibration_prompts),
+                                  replay.calibration_prompts, group_size=1)
+    cost = calibrate(engine, [PLAN], CALIBRATION_BATCHES, calibration,
+                     max_tokens=sizes.calibration_tokens, sd_off=True, reps=reps)
     if rank == 0:
-        save_calibration(cost, setup["calibration"], "cpu")
-    prompts = long_prompts[:8]
+        save_calibration(cost, setup["calibration"], replay.device.type)
     rows, round_id = [], 0
     for shape, params in SHAPES.items():
-        lengths = sample_lengths(count=64, seed=7, max_length=400, **params)
-        requests = replay_requests(lengths, prompts)
+        lengths = sample_lengths(count=sizes.requests, seed=7, group_size=sizes.group_size,
+                                 max_length=sizes.max_length, **params)
+        requests = replay_requests(lengths, replay.prompts, group_size=sizes.group_size)
         for mode, plan in (("off", None), ("sd", PLAN)):
             times, accepted = [], []
-            for _ in range(setup["reps"]):
-                _, stats = rollout_round(group, engine, requests, round_id, plan, group_size=8)
+            for _ in range(reps):
+                _, stats = rollout_round(group, engine, requests, round_id, plan,
+                                         group_size=sizes.group_size)
                 round_id += 1
                 times.append(stats.makespan_s)
                 accepted.append(group.mean(stats.acceptance_length))
@@ -91,30 +188,35 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
     os._exit(0)  # see tests/test_workers.py: no C++ static teardown
 
 
-def validate(target_folder: Path, drafter_folder: Path, reps: int = 3) -> dict:
+def validate(replay: Replay, reps: int = 3) -> dict:
+    sizes = replay.sizes
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        setup = {"target": str(target_folder), "drafter": str(drafter_folder), "reps": reps,
-                 "out": str(folder / "rows.json"), "calibration": str(folder / "cost.json")}
-        mp.spawn(_worker, args=(2, str(folder / "rendezvous"), setup), nprocs=2, join=True)
+        setup = {"replay": replay, "reps": reps, "out": str(folder / "rows.json"),
+                 "calibration": str(folder / "cost.json")}
+        mp.spawn(_worker, args=(WORLD, str(folder / "rendezvous"), setup), nprocs=WORLD,
+                 join=True)
         rows = json.loads((folder / "rows.json").read_text())
         calibration = json.loads((folder / "cost.json").read_text())
         cost = load_calibration(folder / "cost.json")
+    rows = [{"model": replay.label, **row} for row in rows]
     for row in rows:
         plan = None if row["mode"] == "off" else PLAN
         # the workload's acceptance is an input: forced lengths run past the natural end of a
         # response, where drafts are accepted less than on the calibration's text
         measured = {PLAN.key: row["acceptance_length"]} if plan is not None else None
-        predicted = simulate(row["lengths"], cost, workers=2, max_batch=32, group_size=8,
+        predicted = simulate(row["lengths"], cost, workers=WORLD,
+                             max_batch=sizes.requests // WORLD, group_size=sizes.group_size,
                              plan=None if plan is None else lambda batch: PLAN,
-                             acceptance=measured)
+                             acceptance=measured, prompt_length=replay.prompt_length)
         row["predicted_s"] = predicted.makespan_s
         row["idle_worker_s"] = predicted.idle_worker_s
         row["predicted_steps"] = predicted.steps
         row["error"] = predicted.makespan_s / row["measured_s"] - 1
-        row["max_over_median"] = max(row["lengths"]) / sorted(row["lengths"])[32]
+        ordered = sorted(row["lengths"])
+        row["max_over_median"] = ordered[-1] / ordered[len(ordered) // 2]
         del row["lengths"], row["rank"]
-    return {"rows": rows, "calibration": calibration, "cost_model": cost,
+    return {"model": replay.label, "rows": rows, "calibration": calibration, "cost_model": cost,
             "max_abs_error": max(abs(r["error"]) for r in rows)}
 
 

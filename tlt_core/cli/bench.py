@@ -185,25 +185,38 @@ def add_parsers(commands) -> None:
 
     drafter = bench_kinds.add_parser(
         "drafter", help="spot-trained vs frozen drafter on an evolving target (2 ranks)",
-        description="Fine-tunes the pre-trained embedded model round by round toward a drifted task "
-                    "(the countdown steps down by two) and, on `--world` gloo ranks, rolls out "
-                    "each round three ways: with the frozen initial drafter, with the "
-                    "spot-trained drafter and no training, and with spot training in the "
-                    "idle tail followed by the step-weighted refresh. Reports acceptance "
-                    "per round and the makespan cost of spot training.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description="Fine-tunes the pre-trained embedded model round by round toward a drifted "
+                    "task (the countdown steps down by two), or with --model the checkpoint "
+                    "toward GSM8K-style worked solutions of arithmetic problems, and, on "
+                    "`--world` gloo ranks, rolls out each round three ways: with the frozen "
+                    "initial drafter, with the spot-trained drafter and no training, and with "
+                    "spot training in the idle tail followed by the step-weighted refresh. "
+                    "Reports acceptance per round and the makespan cost of spot training.")
+    embedded_run, model_run = bench_drafter.DrafterBenchConfig(), bench_drafter.MODEL_CONFIG
+
+    def sized(what: str, name: str) -> str:
+        return (f"{what} (default: {getattr(embedded_run, name)}; with --model "
+                f"{getattr(model_run, name)})")
     drafter.add_argument("--json", type=Path, metavar="FILE",
                          help="write {rows: per round and rank, summary} as JSON")
-    drafter.add_argument("--rounds", type=int, default=8, help="evolving-target rounds")
-    drafter.add_argument("--world", type=int, default=2, help="rollout ranks (processes)")
-    drafter.add_argument("--requests", type=int, default=192, help="requests per round")
-    drafter.add_argument("--group-size", type=int, default=8,
-                         help="samples per prompt (a GRPO group; a group stays on one rank)")
-    drafter.add_argument("--extra-steps", type=int, default=0,
+    drafter.add_argument("--rounds", type=int, help=sized("evolving-target rounds", "rounds"))
+    drafter.add_argument("--world", type=int, default=embedded_run.world,
+                         help=f"rollout ranks (processes) (default: {embedded_run.world})")
+    drafter.add_argument("--requests", type=int, help=sized("requests per round", "requests"))
+    drafter.add_argument("--group-size", type=int,
+                         help=sized("samples per prompt (a GRPO group; a group stays on one "
+                                    "rank)", "group_size"))
+    drafter.add_argument("--extra-steps", type=int, default=embedded_run.extra_steps,
                          help="ceiling study: spot steps per rank added after each round, off "
-                              "the clock, as if the tail had left that much idle time")
-    drafter.add_argument("--steps-per-round", type=int, default=25,
-                         help="target fine-tuning steps between rounds (the drift)")
+                              "the clock, as if the tail had left that much idle time "
+                              f"(default: {embedded_run.extra_steps})")
+    drafter.add_argument("--steps-per-round", type=int,
+                         help=sized("target fine-tuning steps between rounds (the drift)",
+                                    "steps_per_round"))
+    drafter.add_argument("--max-tokens", type=int, metavar="N",
+                         help="longest response (default: the embedded task's longest "
+                              f"reference; with --model {model_run.max_tokens})")
+    add_model_arguments(drafter)
 
     rollout = bench_kinds.add_parser(
         "rollout", help="adaptive loop vs SD off / always on, long-tail and no-tail rollouts",
@@ -247,21 +260,40 @@ def add_parsers(commands) -> None:
         "simulate", help="the scale simulator: validated on 2-rank runs here, then a projection",
         description="Validates the rollout simulator (cost model + response lengths -> "
                     "makespan) against measured 2-rank rollouts of forced-length traces of "
-                    "several tail shapes, SD off and on, then projects a many-worker run. The "
-                    "projection is a model's prediction, not a measurement.")
+                    "several tail shapes, SD off and on, on the embedded model or with --model "
+                    "a checkpoint, then projects a many-worker run. The projection is a "
+                    "model's prediction, not a measurement.")
+    embedded_traces, model_traces = bench_simulate.TraceSizes(), bench_simulate.MODEL_SIZES
+
+    def traced(what: str, name: str) -> str:
+        return (f"{what} (default: {getattr(embedded_traces, name)}; with --model "
+                f"{getattr(model_traces, name)})")
     simulate.add_argument("--json", type=Path, metavar="FILE", help="write rows + projection")
     simulate.add_argument("--reps", type=int, default=3,
-                          help="calibration sweeps and measured rollouts per row (medians)")
+                          help="calibration sweeps and measured rollouts per row (medians) "
+                               "(default: 3)")
+    simulate.add_argument("--requests", type=int, metavar="N",
+                          help=traced("requests per trace, both ranks together", "requests"))
+    simulate.add_argument("--group-size", type=int, metavar="N",
+                          help=traced("requests per group (one prompt, one length scale)",
+                                      "group_size"))
+    simulate.add_argument("--max-length", type=int, metavar="N",
+                          help=traced("longest forced response length", "max_length"))
+    simulate.add_argument("--calibration-tokens", type=int, metavar="N",
+                          help=traced("forced length of the calibration's responses",
+                                      "calibration_tokens"))
     simulate.add_argument("--calibration", type=Path, metavar="FILE",
                           help="a cost-model calibration (JSON; the GPU script writes one) for "
                                "the projection; default: the one measured here")
-    simulate.add_argument("--workers", type=int, default=64, help="workers in the projection")
+    simulate.add_argument("--workers", type=int, default=64,
+                          help="workers in the projection (default: 64)")
     simulate.add_argument("--train-s-per-token", type=float,
                           help="training seconds per generated token, for the projection's "
                                "end-to-end speedup")
     simulate.add_argument("--rollout-share", type=float,
                           help="the rollout's share of an SD-off step (e.g. 0.85, what TLT's "
                                "paper reports for production traces), for an end-to-end speedup")
+    add_model_arguments(simulate)
 
     peers = bench_kinds.add_parser(
         "peers", help="our SD vs HF assisted decoding, our GRPO vs TRL GRPO, on the same work",
@@ -436,9 +468,19 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    workload = load_embedded()
-    result = bench_simulate.validate(workload.target_folder, workload.drafter_folder,
-                                     reps=args.reps)
+    command = "tlt bench simulate"
+    try:
+        sizes = bench_simulate.trace_sizes(
+            args.model is not None, requests=args.requests, group_size=args.group_size,
+            max_length=args.max_length, calibration_tokens=args.calibration_tokens)
+    except ValueError as error:
+        raise SystemExit(f"{command}: --{str(error).replace('_', '-')}") from None
+    if args.model is None:
+        replay = bench_simulate.embedded_replay(load_embedded(), sizes)
+    else:
+        replay = bench_simulate.model_replay(
+            model_workload(args, command, needs_drafter=True), sizes)
+    result = bench_simulate.validate(replay, reps=args.reps)
     print(bench_simulate.format_table(result))
     measured = result.pop("cost_model")  # not JSON; the calibration is in result already
     if args.calibration is not None:
@@ -472,11 +514,22 @@ def run_peers(args: argparse.Namespace) -> int:
 
 
 def run_drafter(args: argparse.Namespace) -> int:
-    workload = load_embedded()
-    result = bench_drafter.run(workload.target, workload.drafter_folder, workload.target_folder,
-                               rounds=args.rounds, world=args.world, requests=args.requests,
-                               group_size=args.group_size, steps_per_round=args.steps_per_round,
-                               extra_steps=args.extra_steps)
+    command = "tlt bench drafter"
+    try:
+        config = bench_drafter.bench_config(
+            args.model is not None, rounds=args.rounds, world=args.world,
+            requests=args.requests, group_size=args.group_size,
+            steps_per_round=args.steps_per_round, extra_steps=args.extra_steps,
+            max_tokens=args.max_tokens)
+    except ValueError as error:
+        raise SystemExit(f"{command}: --{str(error).replace('_', '-')}") from None
+    if args.model is None:
+        workload = load_embedded()
+        result = bench_drafter.run(workload.target, workload.drafter_folder,
+                                   workload.target_folder, config)
+    else:
+        result = bench_drafter.run_model(model_workload(args, command, needs_drafter=True),
+                                         config)
     print(bench_drafter.format_table(result))
     _write_json(args.json, result)
     return 0
