@@ -31,10 +31,14 @@ for stage in "${STAGES[@]}"; do
       tlt drafter train --model "$MODEL" --data runs/arithmetic512.jsonl --out "$DRAFTER"
       cp "$DRAFTER/drafter_config.json" "$RESULTS/drafter_train_smollm2_bf16_cpu.json" ;;
     speculative)
+      # batch 1 (the tail): four plans, three interleaved reps; batches 4-64: two plans, one
       for t in 0 1; do
-        tlt bench speculative "${COMMON[@]}" --temperature "$t" --batch 1,4,16,64 \
-          --strategy 4,1,5 --strategy 6,1,7 --strategy 5,4,16 --reps 2 --requests 4 \
-          --max-tokens 256 --json "$RESULTS/speculative_smollm2_bf16_t${t}_cpu.json" \
+        tlt bench speculative "${COMMON[@]}" --temperature "$t" --batch 1 --strategy 6,1,7 \
+          --strategy 8,1,9 --strategy 5,4,16 --strategy 6,4,24 --reps 3 --requests 4 \
+          --max-tokens 256 --json "$RESULTS/speculative_smollm2_bf16_t${t}_batch1_cpu.json"
+        tlt bench speculative "${COMMON[@]}" --temperature "$t" --batch 4,16,64 \
+          --strategy 6,1,7 --strategy 5,4,16 --reps 1 --requests 4 --max-tokens 256 \
+          --json "$RESULTS/speculative_smollm2_bf16_t${t}_cpu.json" \
           --plot "$RESULTS/speculative_smollm2_bf16_t${t}_cpu.png"
       done
       # float32: greedy SD must equal plain decoding token for token (the benchmark raises)

@@ -175,8 +175,9 @@ def add_parsers(commands) -> None:
     speculative.add_argument("--temperature", type=float, default=1.0,
                              help="sampling temperature (0: greedy, also checks SD == plain)")
     speculative.add_argument("--reps", type=int, default=3, help="timed runs per case (median)")
-    speculative.add_argument("--requests", type=int, metavar="N",
-                             help="requests per batch size (default: max(2 x batch, 16))")
+    speculative.add_argument("--requests", type=int, default=16, metavar="N",
+                             help="requests per batch size: max(2 x batch, N), so the batch "
+                                  "stays near its size until the queue drains")
     speculative.add_argument("--max-tokens", type=int, metavar="N",
                              help="longest response (default: the embedded task's longest "
                                   "reference, or 256 with --model)")
@@ -383,7 +384,11 @@ def run_prefill(args: argparse.Namespace) -> int:
 def run_speculative(args: argparse.Namespace) -> int:
     strategies = (bench_speculative.DEFAULT_STRATEGIES if not args.strategy else
                   [bench_speculative.parse_strategy(text) for text in args.strategy])
-    count = (lambda batch: args.requests) if args.requests else (lambda b: max(2 * b, 16))
+    if args.requests < 1:
+        raise SystemExit(f"tlt bench speculative: --requests must be >= 1, got {args.requests}")
+
+    def count(batch: int) -> int:
+        return max(2 * batch, args.requests)
     if args.model is None:
         workload = load_embedded(progress=not args.no_progress)
         report = workload.drafter_report
