@@ -31,7 +31,11 @@ for stage in "${STAGES[@]}"; do
       tlt drafter train --model "$MODEL" --data runs/arithmetic512.jsonl --out "$DRAFTER"
       cp "$DRAFTER/drafter_config.json" "$RESULTS/drafter_train_smollm2_bf16_cpu.json" ;;
     speculative)
-      # batch 1 (the tail): four plans, three interleaved reps; batches 4-64: two plans, one
+      # batch 1 (the tail): four plans (at T = 1 also sampled chains), three interleaved reps;
+      # batches 4-64: two plans, one rep
+      tlt bench speculative "${COMMON[@]}" --temperature 1 --batch 1 --strategy s4 \
+        --strategy s6 --strategy 6,1,7 --reps 3 --requests 4 --max-tokens 256 \
+        --json "$RESULTS/speculative_smollm2_bf16_t1_sampled_batch1_cpu.json"
       for t in 0 1; do
         tlt bench speculative "${COMMON[@]}" --temperature "$t" --batch 1 --strategy 6,1,7 \
           --strategy 8,1,9 --strategy 5,4,16 --strategy 6,4,24 --reps 3 --requests 4 \
@@ -47,12 +51,12 @@ for stage in "${STAGES[@]}"; do
         --reps 1 --requests 4 --max-tokens 128 \
         --json "$RESULTS/speculative_smollm2_fp32_t0_cpu.json" ;;
     rollout)
-      tlt bench rollout "${COMMON[@]}" --rounds 1 --always 6,1,7 \
+      tlt bench rollout "${COMMON[@]}" --rounds 1 --always 6,1,7 --sampled-drafts \
         --json "$RESULTS/rollout_smollm2_bf16_cpu.json" \
         --plot "$RESULTS/rollout_smollm2_bf16_cpu.png" ;;
     train)
       tlt bench train "${COMMON[@]}" --steps 8 --prompts-per-step 2 --samples-per-prompt 4 \
-        --max-new-tokens 512 --json "$RESULTS/train_smollm2_bf16_cpu.json" ;;
+        --max-new-tokens 512 --sampled-drafts --json "$RESULTS/train_smollm2_bf16_cpu.json" ;;
     drafter_bench)
       tlt bench drafter "${COMMON[@]}" --json "$RESULTS/drafter_smollm2_bf16_cpu.json" ;;
     simulate)

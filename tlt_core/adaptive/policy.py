@@ -21,11 +21,15 @@ from tlt_core.adaptive.bandit import DEFAULT_BUCKET_EDGES, PlanBandit
 from tlt_core.adaptive.cost_model import CostModel, calibrate
 from tlt_core.adaptive.sd_switch import SDSwitch
 from tlt_core.drafting.plan import DraftPlan
+from tlt_core.drafting.sampled_chain import SampledChain
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine.engine import RolloutEngine
 from tlt_core.engine.hooks import StepOutcome
 from tlt_core.engine.records import Request
 
+# Sampled chains (tlt_core.drafting.sampled_chain): at T > 0 their tokens are accepted with
+# 1 - TV(target, drafter) instead of the target's probability of an argmax token.
+SAMPLED_PLANS = (SampledChain(4), SampledChain(6))
 DEFAULT_PLANS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(6, 1, 7), Strategy(8, 1, 9),
                  Strategy(4, 2, 8), Strategy(6, 4, 16))
 

@@ -36,7 +36,7 @@ import torch
 from tqdm import tqdm
 
 from tlt_core.adaptive.graph_pool import GraphPool
-from tlt_core.adaptive.policy import DEFAULT_PLANS, AdaptivePolicy
+from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
 from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelWorkload
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.suffix_match import SuffixMatch
@@ -92,10 +92,12 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
         progress: bool = True, workload_set: dict[str, list[Request]] | None = None,
         calibration: list[Request] | None = None, max_len: int = 7 * 63 + 16 + 16,
         always: DraftPlan | None = None, studies: bool = True,
-        label: str = EMBEDDED_LABEL) -> dict:
+        label: str = EMBEDDED_LABEL, sampled_drafts: bool = False) -> dict:
     """workload_set / calibration / max_len: the embedded task's by default (model_workloads
     makes a checkpoint's). always: SD-always's plan (default: the best of a sweep over the
-    adaptive plans, one rollout each). studies: also the drafter-sync and graph-pool studies."""
+    adaptive plans, one rollout each). studies: also the drafter-sync and graph-pool studies.
+    sampled_drafts: the adaptive modes' arms include SAMPLED_PLANS."""
+    plans = DEFAULT_PLANS + (SAMPLED_PLANS if sampled_drafts else ())
     config = EngineConfig(max_batch=max_batch, max_len=max_len, seed=seed)
     calibration = calibration or calibration_requests()
     workload_set = workload_set or workloads()
@@ -104,14 +106,14 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
         engines = {mode: RolloutEngine(target, config, drafter) for mode in MODES}
         policies = {"off": None}
         policies["adaptive"] = AdaptivePolicy.from_calibration(
-            engines["adaptive"], DEFAULT_PLANS, calibration, seed=seed)
+            engines["adaptive"], plans, calibration, seed=seed)
         policies["adaptive_suffix"] = AdaptivePolicy.from_calibration(
-            engines["adaptive_suffix"], DEFAULT_PLANS + SUFFIX_PLANS, calibration, seed=seed)
+            engines["adaptive_suffix"], plans + SUFFIX_PLANS, calibration, seed=seed)
         model = policies["adaptive"].cost_model
         threshold = policies["adaptive"].switch.on_at
         sweep = ({} if always is not None else
                  {plan: engines["always"].generate(requests, plan).total_s
-                  for plan in DEFAULT_PLANS})
+                  for plan in plans})
         policies["always"] = always if always is not None else min(sweep, key=sweep.get)
         results = {mode: [] for mode in MODES}
         bar = tqdm(total=(rounds + 1) * len(MODES), disable=not progress, unit="rollout",

@@ -18,6 +18,7 @@ position of the first difference among the others.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,8 @@ import torch
 from tqdm import tqdm
 
 from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.plan import DraftPlan
+from tlt_core.drafting.sampled_chain import SampledChain
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
@@ -69,8 +72,11 @@ class SpeculativeCase:
     plain_step_ms: float = 0.0
 
 
-def parse_strategy(text: str) -> Strategy:
-    """"depth,topk,num_verify_tokens" -> Strategy."""
+def parse_strategy(text: str) -> DraftPlan:
+    """"depth,topk,num_verify_tokens" -> Strategy; "sampled(D)" or "sD" -> SampledChain."""
+    sampled = re.fullmatch(r"s(?:ampled)?\(?(\d+)\)?", text.replace(" ", ""))
+    if sampled:
+        return SampledChain(int(sampled.group(1)))
     parts = text.replace("(", "").replace(")", "").split(",")
     if len(parts) != 3:
         raise ValueError(f"strategy: expected depth,topk,num_verify_tokens, got {text!r}")

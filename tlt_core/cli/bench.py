@@ -237,6 +237,9 @@ def add_parsers(commands) -> None:
                               "adaptive plan)")
     rollout.add_argument("--max-tokens", type=int, default=1024, metavar="N",
                          help="with --model: longest long-tail response")
+    rollout.add_argument("--sampled-drafts", action="store_true",
+                         help="add sampled chains (each draft token drawn from the drafter's "
+                              "distribution) to the adaptive modes' plans")
     add_model_arguments(rollout)
     rollout.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -254,6 +257,8 @@ def add_parsers(commands) -> None:
                              help="samples per prompt (default: TrainConfig's)")
     bench_train.add_argument("--max-new-tokens", type=int, metavar="N",
                              help="longest response (default: TrainConfig's)")
+    bench_train.add_argument("--sampled-drafts", action="store_true",
+                             help="TLT's adaptive plans include sampled chains")
     add_model_arguments(bench_train)
     bench_train.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -425,7 +430,8 @@ def run_rollout(args: argparse.Namespace) -> int:
     if args.model is None:
         workload = load_embedded(progress=not args.no_progress)
         result = bench_rollout.run(workload.target, workload.drafter, rounds=args.rounds,
-                                   always=always, progress=not args.no_progress)
+                                   always=always, progress=not args.no_progress,
+                                   sampled_drafts=args.sampled_drafts)
     else:
         model = model_workload(args, "tlt bench rollout", needs_drafter=True)
         requests, calibration, max_len = bench_rollout.model_workloads(
@@ -433,7 +439,8 @@ def run_rollout(args: argparse.Namespace) -> int:
         result = bench_rollout.run(model.target, model.drafter, rounds=args.rounds,
                                    workload_set=requests, calibration=calibration,
                                    max_len=max_len, always=always, studies=False,
-                                   label=model.label, progress=not args.no_progress)
+                                   label=model.label, progress=not args.no_progress,
+                                   sampled_drafts=args.sampled_drafts)
     print(bench_rollout.format_table(result))
     if args.plot is not None:
         bench_rollout.plot(result, args.plot)
@@ -447,7 +454,7 @@ def run_train(args: argparse.Namespace) -> int:
                                                      "max_new_tokens")
              if getattr(args, name) is not None}
     try:
-        config = TrainConfig(steps=args.steps, **sizes)
+        config = TrainConfig(steps=args.steps, sampled_drafts=args.sampled_drafts, **sizes)
     except ValueError as error:
         raise SystemExit(f"tlt bench train: --{str(error).replace('_', '-')}") from None
     if args.model is None:

@@ -58,6 +58,9 @@ _HELP = {
     "max_batch": "engine rows per rank (the most samples decoding at once)",
     "tlt": "TLT: adaptive speculative rollout and the spot-trained drafter (off: plain "
            "decoding only, the SD-off baseline)",
+    "sampled_drafts": "sampled chains among the adaptive loop's plans: each draft token drawn "
+                      "from the drafter's distribution, accepted with 1 - TV(target, drafter) "
+                      "at T > 0 (deterministic drafts: with the target's probability of it)",
     "suffix_drafts": "suffix-match drafts (copied from sibling and earlier responses) among "
                      "the adaptive loop's plans",
     "old_logprobs": "the log-probs PPO's ratio divides by: rollout (the engine's), recompute "

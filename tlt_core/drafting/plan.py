@@ -42,6 +42,9 @@ class DraftContext:
     drafter: Drafter | None = None
     drafter_cache: KVCache | None = None
     root_hidden: torch.Tensor | None = None
+    # The rows' sampling parameters, as the verification kernel takes them (temperature,
+    # top_k, top_p, seed, offset: (B,) each), for plans that sample their drafts.
+    sampling: dict | None = None
 
 
 @runtime_checkable

@@ -398,7 +398,8 @@ class RolloutEngine:
         self.drafter_rows.flush(batch)  # the drafter needs every committed pair
         return plan.draft(DraftContext(roots, keys, run.suffix_index, self.drafter,
                                        self.drafter_rows.rows(batch),
-                                       self.drafter_rows.last_hidden[:batch]))
+                                       self.drafter_rows.last_hidden[:batch],
+                                       self.rows.sampling(slice(0, batch))))
 
     def _verify(self, run: _Run, plan: DraftPlan, tree: ops.DraftTree
                 ) -> tuple[ModelOutput, ops.VerifyOutput]:
@@ -417,7 +418,7 @@ class RolloutEngine:
                               hidden_layers=run.hidden_layers)  # logits (B, N, V)
         verdict = ops.verify_tree_sampling(
             out.logits, tree.tokens, tree.parents, num_nodes=tree.num_nodes, validate=False,
-            **self.rows.sampling(slice(0, batch)))
+            draft_probs=tree.draft_probs, **self.rows.sampling(slice(0, batch)))
         check_emitted(verdict.emitted_tokens[:, 0])
         return out, verdict
 

@@ -15,6 +15,9 @@ class DraftTree:
     parents: Any  # (B, N) int32; -1 for the root and padding nodes
     source_index: Any  # (B, N) int32; candidate each node came from, -1 for root / padding
     num_nodes: Any  # (B,) int32; valid nodes per row, root included
+    # (B, N, V) float32: node v's children were sampled from draft_probs[b, v] (the sampled-
+    # draft rule of verify_tree_sampling); None: deterministic drafts (top-k, one-hot q)
+    draft_probs: Any = None
 
 
 @dataclass(frozen=True)

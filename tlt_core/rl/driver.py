@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from tlt_core.adaptive.policy import DEFAULT_PLANS, AdaptivePolicy
+from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
@@ -84,6 +84,7 @@ class TrainConfig:
     tlt: bool = True  # adaptive SD + spot-trained drafter; False: the SD-off baseline
     max_batch: int = 64  # engine rows per rank
     suffix_drafts: bool = True  # suffix-match plans among the adaptive loop's arms
+    sampled_drafts: bool = False  # sampled chains (SAMPLED_PLANS) among them too
     # The log-probs PPO's ratio divides by: "rollout" (the engine's, free; exact in float32),
     # "recompute" (the trainer's own pass before the update, as veRL does), "auto" (recompute
     # when the policy is not float32: in bf16 the engine's fused inference pass and the
@@ -167,8 +168,8 @@ class GRPODriver:
         self.watchdog = DrafterWatchdog(self.drafter) if self.drafter is not None else None
         self.adaptive = None
         if config.tlt:
-            plans = DEFAULT_PLANS + ((SuffixMatch(8), SuffixMatch(16)) if config.suffix_drafts
-                                     else ())
+            plans = (DEFAULT_PLANS + (SAMPLED_PLANS if config.sampled_drafts else ())
+                     + ((SuffixMatch(8), SuffixMatch(16)) if config.suffix_drafts else ()))
             calibration_requests = [self._request(p, min(16, config.max_new_tokens), 0, i, n=1)
                                     for i, p in enumerate(calibration or self.prompts[:4])]
             self.adaptive = AdaptivePolicy.from_calibration(self.engine, plans,

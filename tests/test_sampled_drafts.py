@@ -1,0 +1,82 @@
+"""Sampled chain drafts (tlt_core.drafting.sampled_chain): each draft token drawn from the
+drafter's own distribution and verified by the sampled-draft rule — lossless in distribution
+(chi-square against the exact continuation distribution, with the full and a reduced draft
+vocabulary), greedy rows token for token, drafts a function of each row's own seed."""
+
+import pytest
+import torch
+
+from tlt_core.adaptive.policy import SAMPLED_PLANS, AdaptivePolicy
+from tlt_core.drafting.plan import DraftContext
+from tlt_core.drafting.sampled_chain import SampledChain, sampled_chain
+from tlt_core.drafting.tree import Strategy
+from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.rl.driver import TrainConfig
+
+from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
+from tests.test_speculative import (CONTINUATION, SAMPLED_VOCAB, SAMPLES, chi_square_pvalue,
+                                    exact_continuation_probs)
+
+
+@pytest.mark.parametrize("temperature,top_p,reduced", [(1.0, 1.0, False), (0.7, 0.9, False),
+                                                        (1.0, 1.0, True)])
+def test_sampled_drafts_match_the_target_distribution(temperature, top_p, reduced):
+    target = tiny_target(SAMPLED_VOCAB, seed=4, sharpen=3.0)
+    config = dict(draft_vocab=3, draft_to_target=[0, 1, 3]) if reduced else {}
+    drafter = train_drafter(target, steps=60, **config)
+    prompt = [1, 2, 0]
+    probs = exact_continuation_probs(target, prompt, temperature, top_p)
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=CONTINUATION,
+                            n=SAMPLES, seed=17)
+    engine = RolloutEngine(target, EngineConfig(max_batch=512, max_len=8), drafter)
+    for plan in (SampledChain(2), SampledChain(3)):
+        result = engine.generate([Request(prompt, params)], strategy=plan)
+        codes = torch.stack([r.tokens for r in result.rollouts])  # (SAMPLES, 3)
+        cell = (codes * torch.tensor([SAMPLED_VOCAB ** 2, SAMPLED_VOCAB, 1])).sum(1)
+        counts = torch.bincount(cell, minlength=SAMPLED_VOCAB ** CONTINUATION)
+        assert chi_square_pvalue(counts, probs) > 1e-3, plan
+        assert result.acceptance_length > 1.2, plan  # the drafts were used
+
+
+def test_greedy_rows_draft_the_argmax_chain(target, drafter):
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    requests = [Request(p, params) for p in PROMPTS]
+    engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=48), drafter)
+    plain = engine.generate(requests)
+    sampled = engine.generate(requests, strategy=SampledChain(4))
+    chain = engine.generate(requests, strategy=Strategy(4, 1, 5))
+    for a, b in zip(plain.rollouts, sampled.rollouts, strict=True):
+        assert b.tokens.tolist() == a.tokens.tolist()
+    assert sampled.acceptance_length == pytest.approx(chain.acceptance_length)
+
+
+def test_drafts_are_a_function_of_each_rows_seed(target, drafter):
+    cache = drafter.new_cache(3, 32)
+    cache.lengths.fill_(2)
+    hidden = torch.randn(3, target.config.hidden_size)
+    sampling = dict(temperature=torch.ones(3), top_k=torch.zeros(3, dtype=torch.int32),
+                    top_p=torch.ones(3), seed=torch.tensor([5, 6, 5]),
+                    offset=torch.tensor([1, 1, 1]))
+    roots = torch.tensor([3, 3, 3])
+    with torch.no_grad():
+        tree = sampled_chain(DraftContext(roots, [0, 1, 2], None, drafter, cache,
+                                          hidden[[0, 1, 0]], sampling), 4)
+    assert torch.equal(tree.tokens[0], tree.tokens[2])  # same seed and input, same drafts
+    assert tree.draft_probs.shape == (3, 5, target.config.vocab_size)
+    assert torch.allclose(tree.draft_probs[:, :4].sum(-1), torch.ones(3, 4))
+    assert tree.parents[0].tolist() == [-1, 0, 1, 2, 3]
+    with pytest.raises(ValueError, match="depth"):
+        SampledChain(0)
+    with pytest.raises(ValueError, match="sampling"):
+        SampledChain(2).draft(DraftContext(roots, [0, 1, 2], None, drafter, cache, hidden))
+
+
+def test_the_adaptive_loop_and_grpo_take_sampled_chains(target, drafter):
+    plans = SAMPLED_PLANS + (Strategy(3, 1, 4),)
+    engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=48), drafter)
+    calibration = [Request(p, SamplingParams(max_tokens=8)) for p in PROMPTS[:2]]
+    policy = AdaptivePolicy.from_calibration(engine, plans, calibration)
+    result = engine.generate([Request(p, SamplingParams(temperature=1.0, max_tokens=16))
+                              for p in PROMPTS], strategy=policy)
+    assert {s.plan_key for s in result.spec_steps} <= {p.key for p in plans}
+    assert TrainConfig(sampled_drafts=True).sampled_drafts

@@ -1,0 +1,126 @@
+"""Sampled chain drafts: the learned drafter's chain with each token sampled from its own
+distribution instead of taken as its argmax, verified by the sampled-draft rule.
+
+Why: at temperature T > 0 a deterministic draft token x is accepted with the target's
+probability p(x) (the deterministic-draft rule), which on a flat distribution is small however
+good the drafter is. A token sampled from a draft distribution q and tested with
+min(1, p(x) / q(x)) is accepted with probability sum_x min(p(x), q(x)): 1 - TV(p, q), which
+is high whenever q is close to p, flat or not. The drafter learned the target's soft
+distribution (the EAGLE loss), so q = softmax(drafter logits / T) is its best guess of p.
+Lossless either way: the verification kernel's sampled-draft rule (residual max(0, p - q))
+keeps the emitted tokens exactly the target's distribution, given that each draft token was
+drawn from the q it is handed.
+
+Greedy rows (T = 0) draft the argmax with a one-hot q, exactly as the deterministic chain.
+Randomness: each row's draft uniforms are Philox draws under the row's own seed, on a counter
+stream (offset + DRAFT_STREAM) disjoint from the verifier's (offset), so they are independent
+of the uniforms that test them and a row's drafts do not depend on which rows run beside it.
+The leaf's q row (no children) is uniform: the kernel reads q only at nodes it tests children
+of.
+
+Shapes: B rows, D depth, N = D + 1 nodes, V' draft vocabulary, V target vocabulary, H hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import tlt_core.ops as ops
+from tlt_core.drafting.plan import DraftContext
+from tlt_core.model.attention_plan import AttentionPlan, attention_plan
+
+DRAFT_STREAM = 1 << 40  # Philox counter offset of the draft uniforms (the verifier's: 0..)
+
+
+@dataclass(frozen=True)
+class SampledChain:
+    depth: int  # D: draft tokens per row, each sampled from the drafter's distribution
+
+    def __post_init__(self):
+        if not isinstance(self.depth, int) or self.depth < 1:
+            raise ValueError(f"depth: must be an int >= 1, got {self.depth!r}")
+
+    @property
+    def key(self) -> str:
+        return f"sampled({self.depth})"
+
+    @property
+    def num_verify_tokens(self) -> int:
+        return self.depth + 1
+
+    @property
+    def fed_nodes(self) -> int:
+        return self.depth - 1
+
+    @property
+    def uses_drafter(self) -> bool:
+        return True
+
+    @property
+    def is_chain(self) -> bool:
+        return True
+
+    def draft(self, context: DraftContext) -> ops.DraftTree:
+        if context.drafter is None:
+            raise ValueError(f"strategy: {self.key} drafts with the learned drafter, and this "
+                             "step has none")
+        if context.sampling is None:
+            raise ValueError(f"strategy: {self.key} samples its drafts and needs the rows' "
+                             "sampling parameters (DraftContext.sampling)")
+        return sampled_chain(context, self.depth)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:
+    drafter, cache, roots = context.drafter, context.drafter_cache, context.roots
+    B, device = roots.shape[0], roots.device
+    lengths = cache.lengths
+    shortest, longest = (int(n) for n in torch.aminmax(lengths))  # the draft's one host sync
+    if longest + depth - 1 > cache.shape.max_len:
+        raise ValueError(f"strategy: sampled({depth}) drafts {depth - 1} nodes past the "
+                         f"drafter cache's {cache.shape.max_len} slots; raise the engine's "
+                         "spec_reserve")
+    sampling = context.sampling
+    temperature = sampling["temperature"].to(torch.float32)  # (B,)
+    greedy = temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]  # (B, 1)
+    uniforms = ops.philox_uniforms(sampling["seed"], sampling["offset"] + DRAFT_STREAM,
+                                   depth)  # (B, D)
+    vocab = drafter.target.config.vocab_size
+    draft_probs = torch.empty(B, depth + 1, vocab, dtype=torch.float32, device=device)
+    draft_probs[:, depth] = 1.0 / vocab  # the leaf: never read
+    tokens, hidden = [], context.root_hidden[:, None]  # (B, 1, H)
+    token = None
+    for level in range(depth):
+        if level > 0:
+            slots = lengths[:, None] + (level - 1)  # (B, 1): where it is written = its position
+            plan = (AttentionPlan(None, slots, longest + level) if shortest == longest else
+                    attention_plan((B, 1), cache, None, device, before=level - 1))
+            hidden = drafter(token, hidden, slots, cache, plan=plan)
+        logits = drafter.logits(hidden[:, 0])  # (B, V')
+        q = torch.softmax(logits / scale, dim=-1)
+        q = torch.where(greedy[:, None], torch.zeros_like(q).scatter_(
+            1, logits.argmax(-1, keepdim=True), 1.0), q)
+        # inverse CDF: the first index whose cumulative mass exceeds u (clamped for rounding)
+        cumulative = q.cumsum(-1)
+        index = torch.searchsorted(cumulative, (uniforms[:, level] * cumulative[:, -1])[:, None],
+                                   right=True).clamp_(max=q.shape[-1] - 1)  # (B, 1)
+        index = torch.where(greedy[:, None], logits.argmax(-1, keepdim=True), index)
+        token = drafter.to_target_ids(index)  # (B, 1)
+        tokens.append(token)
+        row = draft_probs[:, level]
+        if drafter.draft_to_target is None:
+            row.copy_(q)
+        else:
+            row.zero_()
+            row.scatter_(1, drafter.draft_to_target.expand(B, -1), q)
+    parents = torch.arange(-1, depth, dtype=torch.int32, device=device).expand(B, depth + 1)
+    return ops.DraftTree(torch.cat([roots[:, None]] + tokens, 1), parents.contiguous(),
+                         torch.arange(-1, depth, dtype=torch.int32, device=device)
+                         .expand(B, depth + 1).contiguous(),
+                         torch.full((B,), depth + 1, dtype=torch.int32, device=device),
+                         draft_probs)
