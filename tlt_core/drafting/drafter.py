@@ -133,7 +133,7 @@ class Drafter(nn.Module):
         self._packed = PackedLayers(lambda: [self.layer], target.config)  # for inference
         if config.draft_vocab is not None:
             ids = (torch.arange(config.draft_vocab) if draft_to_target is None
-                   else _draft_ids(draft_to_target, config.draft_vocab, vocab))
+                   else check_draft_ids(draft_to_target, config.draft_vocab, vocab))
             self.register_buffer("draft_to_target", ids)
         elif draft_to_target is not None:
             raise ValueError("draft_to_target: given without config.draft_vocab")
@@ -281,12 +281,15 @@ class Drafter(nn.Module):
         state = load_file(str(weights_path), device=str(target.lm_head.weight.device))
         drafter.load_state_dict(state, strict=True)
         if drafter.draft_to_target is not None:
-            _draft_ids(drafter.draft_to_target, config.draft_vocab, target.config.vocab_size)
+            check_draft_ids(drafter.draft_to_target, config.draft_vocab,
+                            target.config.vocab_size)
         return drafter
 
 
-def _draft_ids(ids: torch.Tensor | Sequence[int], count: int, vocab: int) -> torch.Tensor:
-    """draft_to_target checked: `count` distinct int64 ids in [0, vocab), ascending."""
+def check_draft_ids(ids: torch.Tensor | Sequence[int], count: int, vocab: int, *,
+                    ascending: bool = True) -> torch.Tensor:
+    """A draft_to_target map checked: `count` distinct int64 ids in [0, vocab); sorted
+    ascending, or kept in the given (draft) order when the head's rows follow it."""
     ids = torch.as_tensor(ids).to("cpu")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.shape != (count,):
         raise ValueError(f"draft_to_target: expected ({count},) integer token ids, got "
@@ -295,7 +298,6 @@ def _draft_ids(ids: torch.Tensor | Sequence[int], count: int, vocab: int) -> tor
     if count and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         raise ValueError(f"draft_to_target: ids must be in [0, {vocab}), got "
                          f"[{int(ids.min())}, {int(ids.max())}]")
-    ids = ids.sort().values
-    if bool((ids[1:] == ids[:-1]).any()):
+    if ids.unique().numel() != count:
         raise ValueError("draft_to_target: ids must be distinct")
-    return ids
+    return ids.sort().values if ascending else ids

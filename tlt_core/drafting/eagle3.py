@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tlt_core.drafting.drafter import check_draft_ids
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
 from tlt_core.model.kv_cache import CacheShape, KVCache, cache_dtype
 from tlt_core.model.packed import plan_for
@@ -130,7 +131,8 @@ class Eagle3Drafter(nn.Module):
         self.lm_head = nn.Linear(hidden, config.draft_vocab, bias=False)
         self.rotary_emb = RotaryEmbedding(layer)
         self.register_buffer("draft_to_target",
-                             _target_ids(draft_to_target, config.draft_vocab, c.vocab_size))
+                             check_draft_ids(draft_to_target, config.draft_vocab, c.vocab_size,
+                                             ascending=False))
         self.to(dtype=target.lm_head.weight.dtype, device=target.lm_head.weight.device)
 
     @property
@@ -181,18 +183,3 @@ class Eagle3Drafter(nn.Module):
         """(..., H) drafter outputs -> (..., V') float32 logits over the draft vocabulary,
         through the drafter's own final norm and head."""
         return F.linear(self.norm.forward(hidden), self.lm_head.weight).float()
-
-
-def _target_ids(ids: torch.Tensor | Sequence[int], count: int, vocab: int) -> torch.Tensor:
-    """draft_to_target checked: `count` distinct int64 ids in [0, vocab), in draft order."""
-    ids = torch.as_tensor(ids).to("cpu")
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.shape != (count,):
-        raise ValueError(f"draft_to_target: expected ({count},) integer token ids, got "
-                         f"{tuple(ids.shape)} {ids.dtype}")
-    ids = ids.to(torch.int64)
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise ValueError(f"draft_to_target: ids must be in [0, {vocab}), got "
-                         f"[{int(ids.min())}, {int(ids.max())}]")
-    if ids.unique().numel() != count:
-        raise ValueError("draft_to_target: ids must be distinct")
-    return ids
