@@ -125,6 +125,28 @@ def test_onednn_pack_follows_weight_updates():
     assert (after - expected).abs().max() <= TOLERANCE[torch.bfloat16] * expected.abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_packed_matrix_is_f_linear_and_follows_its_source(dtype):
+    """PackedMatrix (the drafter's fc and head at inference) gives F.linear's bits, in place
+    updates, new tensors and inference tensors included."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 24, generator=g).to(dtype)
+    bias = torch.randn(40, generator=g).to(dtype)
+    x = torch.randn(3, 24, generator=g).to(dtype)
+    product = weight_layout.PackedMatrix()
+    assert torch.equal(product(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
+    if dtype == torch.bfloat16 and weight_layout.onednn_available():
+        assert product.layout == "onednn"
+    weight.mul_(2.0)  # an optimizer step: the version counter moves
+    assert torch.equal(product(x, weight), torch.nn.functional.linear(x, weight))
+    other = weight[:20] * 0.5  # another tensor (a regathered head)
+    assert torch.equal(product(x, other), torch.nn.functional.linear(x, other))
+    with torch.inference_mode():
+        rows = weight.index_select(0, torch.arange(10))  # keeps no version counter
+        assert torch.equal(product(x, rows), torch.nn.functional.linear(x, rows))
+        assert torch.equal(product(x, rows), torch.nn.functional.linear(x, rows))
+
+
 def test_layout_errors_name_the_field():
     model = model_of("llama", torch.bfloat16)
     model.inference_layout = "fold"

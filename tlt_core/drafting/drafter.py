@@ -61,6 +61,7 @@ from tlt_core.model.attention_plan import AttentionPlan, attention_plan
 from tlt_core.model.kv_cache import CacheShape, KVCache, cache_dtype
 from tlt_core.model.packed import PackedLayers, plan_for, run_layers
 from tlt_core.model.transformer import DecoderLayer, Transformer
+from tlt_core.model.weight_layout import PackedMatrix
 
 DRAFTER_CONFIG_FILE = "drafter_config.json"
 DRAFTER_WEIGHTS_FILE = "drafter.safetensors"
@@ -140,6 +141,8 @@ class Drafter(nn.Module):
         else:
             self.draft_to_target = None
         self._head_rows: tuple[tuple, torch.Tensor] | None = None  # (target head's version, rows)
+        # fc and the head packed for inference (tlt_core.model.weight_layout.PackedMatrix)
+        self._packed_fc, self._packed_head = PackedMatrix(), PackedMatrix()
         self.to(dtype=target.lm_head.weight.dtype, device=target.lm_head.weight.device)
 
     @property
@@ -206,15 +209,16 @@ class Drafter(nn.Module):
         logits(f') is the distribution of the token after each x_{t+1}."""
         target = self.target
         embedded = F.embedding(tokens, target.model.embed_tokens.weight.detach())  # (B, T, H)
-        h = F.linear(torch.cat((embedded, features), dim=-1), self.fc.weight,
-                     self.fc.bias)  # (B, T, H)
+        joined = torch.cat((embedded, features), dim=-1)  # (B, T, 2H)
         if cache is not None and not torch.is_grad_enabled():  # inference: the packed layer
             if plan is None:
                 plan = plan_for(tokens, cache, tree_mask)
             B, T = tokens.shape
-            h, _ = run_layers(self._packed, h.view(B * T, -1), positions,
-                              target.model.rotary_emb, [cache.data[0]], plan)
+            h = self._packed_fc(joined.view(B * T, -1), self.fc.weight, self.fc.bias)  # (B T, H)
+            h, _ = run_layers(self._packed, h, positions, target.model.rotary_emb,
+                              [cache.data[0]], plan)
             return h.view(B, T, -1)
+        h = F.linear(joined, self.fc.weight, self.fc.bias)  # (B, T, H)
         if plan is None:
             plan = attention_plan(tokens.shape, cache, tree_mask, tokens.device)
         cos, sin = target.model.rotary_emb(positions, h.dtype)  # (B, T, d) each
@@ -227,7 +231,10 @@ class Drafter(nn.Module):
         normed hidden state, as EAGLE-1's do)."""
         if self.config.form == "tlt":
             hidden = self._final_norm(hidden)
-        return F.linear(hidden, self.head()).float()
+        if torch.is_grad_enabled():
+            return F.linear(hidden, self.head()).float()
+        flat = hidden.reshape(-1, hidden.shape[-1])  # (M, H)
+        return self._packed_head(flat, self.head()).float().view(*hidden.shape[:-1], -1)
 
     def _final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's final RMSNorm with its weight detached: the same math as

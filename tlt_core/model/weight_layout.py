@@ -90,3 +90,38 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, layout: str,
     if layout == "fold":
         return torch.mm(x, packed) if bias is None else torch.addmm(bias, x, packed)
     return F.linear(x, packed, bias)
+
+
+class PackedMatrix:
+    """One matrix multiplied outside a packed pass (the drafter's fc and LM head), held in
+    "onednn" where choose_layout picks it and as the tensor itself otherwise, and packed again
+    only when the source changed. Why: in bf16 on the CPU, F.linear reorders the weight into
+    oneDNN's blocked layout on every call, which for a drafter's head costs more than the product
+    itself. "fold" is not used: for a lone product its transposed copy saves no op.
+
+    The source is identified by its storage, shape, strides and version counter, and a
+    reference to it is kept, so its memory cannot be reused by another tensor while the pack is
+    held: an optimizer step, a load_state_dict or a regathered head is seen by the next call. An
+    inference tensor keeps no version counter: one is taken as unchanged while it lives (the
+    drafter's gathered head rows are replaced, never written in place)."""
+
+    def __init__(self):
+        self.layout = "views"
+        self._source: torch.Tensor | None = None
+        self._key: tuple = ()
+        self._packed: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x (M, in) @ weight.T (+ bias) -> (M, out), weight (out, in)."""
+        version = None if weight.is_inference() else weight._version
+        key = (weight.data_ptr(), weight.shape, weight.stride(), version, weight.dtype,
+               weight.device)
+        if self._source is None or key != self._key:
+            layout = choose_layout("auto", weight.dtype, weight.device, weight.nbytes)
+            self.layout = "onednn" if layout == "onednn" else "views"
+            self._packed = None  # the old pack is freed before the new one is built
+            with torch.no_grad():
+                self._packed = pack_matrix(weight.detach(), self.layout)
+            self._source, self._key = weight, key
+        return matmul(x, self._packed, self.layout, bias)
