@@ -29,7 +29,7 @@ import torch
 
 import tlt_core.ops as ops
 from tlt_core.drafting.plan import DraftContext
-from tlt_core.model.attention_plan import AttentionPlan, attention_plan
+from tlt_core.drafting.tree import chain_levels
 
 DRAFT_STREAM = 1 << 40  # Philox counter offset of the draft uniforms (the verifier's: 0..)
 
@@ -93,15 +93,8 @@ def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:
     vocab = drafter.target.config.vocab_size
     draft_probs = torch.empty(B, depth + 1, vocab, dtype=torch.float32, device=device)
     draft_probs[:, depth] = 1.0 / vocab  # the leaf: never read
-    tokens, hidden = [], context.root_hidden[:, None]  # (B, 1, H)
-    token = None
-    for level in range(depth):
-        if level > 0:
-            slots = lengths[:, None] + (level - 1)  # (B, 1): where it is written = its position
-            plan = (AttentionPlan(None, slots, longest + level) if shortest == longest else
-                    attention_plan((B, 1), cache, None, device, before=level - 1))
-            hidden = drafter(token, hidden, slots, cache, plan=plan)
-        logits = drafter.logits(hidden[:, 0])  # (B, V')
+
+    def sample(level: int, logits: torch.Tensor) -> torch.Tensor:  # logits (B, V')
         q = torch.softmax(logits / scale, dim=-1)
         q = torch.where(greedy[:, None], torch.zeros_like(q).scatter_(
             1, logits.argmax(-1, keepdim=True), 1.0), q)
@@ -110,14 +103,16 @@ def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:
         index = torch.searchsorted(cumulative, (uniforms[:, level] * cumulative[:, -1])[:, None],
                                    right=True).clamp_(max=q.shape[-1] - 1)  # (B, 1)
         index = torch.where(greedy[:, None], logits.argmax(-1, keepdim=True), index)
-        token = drafter.to_target_ids(index)  # (B, 1)
-        tokens.append(token)
-        row = draft_probs[:, level]
+        row = draft_probs[:, level]  # (B, V): q over the target's ids
         if drafter.draft_to_target is None:
             row.copy_(q)
         else:
             row.zero_()
             row.scatter_(1, drafter.draft_to_target.expand(B, -1), q)
+        return drafter.to_target_ids(index)  # (B, 1)
+
+    tokens = chain_levels(drafter, cache, context.root_hidden, depth, shortest == longest,
+                          longest, sample)
     parents = torch.arange(-1, depth, dtype=torch.int32, device=device).expand(B, depth + 1)
     return ops.DraftTree(torch.cat([roots[:, None]] + tokens, 1), parents.contiguous(),
                          torch.arange(-1, depth, dtype=torch.int32, device=device)

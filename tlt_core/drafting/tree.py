@@ -22,6 +22,7 @@ Shapes: B rows, K top-k, H hidden size, V vocabulary, M candidates, S drafter sl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -141,34 +142,43 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
 def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidden: torch.Tensor,
                  strategy: Strategy, uniform: bool, longest: int) -> ops.DraftTree:
     """draft_tree for K = 1, without the tree bookkeeping: level j's node is candidate j - 1,
-    the child of candidate j - 2, and sees every fed slot (with no mask at all when the rows
-    have equal lengths)."""
-    B, depth, lengths, device = roots.shape[0], strategy.depth, cache.lengths, roots.device
+    the child of candidate j - 2 (grown by chain_levels, each level's argmax)."""
+    B, depth, device = roots.shape[0], strategy.depth, roots.device
     # When every drafted node is verified, scores only need to fall with depth; otherwise
     # select_tree keeps the best prefix by cumulative log q.
     exact = strategy.num_verify_tokens - 1 < depth
+    scores: list[torch.Tensor] = []  # (B, 1) cumulative log q per level, when exact
 
-    def best(hidden):
-        logits = drafter.logits(hidden)  # (B, V')
+    def argmax(level: int, logits: torch.Tensor) -> torch.Tensor:  # logits (B, V')
         score, index = (torch.log_softmax(logits, -1) if exact else logits).max(-1, keepdim=True)
-        return score, drafter.to_target_ids(index)
-
-    score, token = best(root_hidden)
-    tokens, scores, hidden = [token], [score], root_hidden[:, None]  # (B, 1), (B, 1), (B, 1, H)
-    for level in range(1, depth):
-        slots = lengths[:, None] + (level - 1)  # (B, 1): where it is written = its position
-        if uniform:
-            plan = AttentionPlan(None, slots, longest + level)
-        else:
-            plan = attention_plan((B, 1), cache, None, device, before=level - 1)
-        hidden = drafter(token, hidden, slots, cache, plan=plan)
-        step, token = best(hidden[:, 0])
-        tokens.append(token)
         if exact:
-            score = score + step  # cumulative log q
-            scores.append(score)
+            scores.append(score if level == 0 else scores[-1] + score)
+        return drafter.to_target_ids(index)
+
+    tokens = chain_levels(drafter, cache, root_hidden, depth, uniform, longest, argmax)
     if not exact:
         scores = [-torch.arange(depth, dtype=torch.float32, device=device).expand(B, depth)]
     parents = torch.arange(-1, depth - 1, dtype=torch.int32, device=device).expand(B, depth)
     return ops.select_tree(torch.cat(tokens, 1), torch.cat(scores, 1), parents, roots,
                            strategy.num_verify_tokens, validate=False)
+
+
+def chain_levels(drafter: Drafter, cache: KVCache, root_hidden: torch.Tensor, depth: int,
+                 uniform: bool, longest: int,
+                 pick: Callable[[int, torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+    """A chain of `depth` draft tokens per row: level 0's from the drafter's output at the root
+    (root_hidden (B, H)), each later level's from feeding the previous token through the
+    drafter. pick(level, logits (B, V')) -> (B, 1) target ids chooses each level's token (an
+    argmax, or a sample). Level j's node is written to drafter-cache slot lengths + j - 1 at
+    that position and sees every slot before it, with no mask at all when the rows have equal
+    lengths (`uniform`; `longest` is the longest row's committed length)."""
+    B, lengths, device = root_hidden.shape[0], cache.lengths, root_hidden.device
+    tokens, hidden = [], root_hidden[:, None]  # (B, 1, H)
+    for level in range(depth):
+        if level > 0:
+            slots = lengths[:, None] + (level - 1)  # (B, 1): where it is written = its position
+            plan = (AttentionPlan(None, slots, longest + level) if uniform else
+                    attention_plan((B, 1), cache, None, device, before=level - 1))
+            hidden = drafter(tokens[-1], hidden, slots, cache, plan=plan)  # (B, 1, H)
+        tokens.append(pick(level, drafter.logits(hidden[:, 0])))
+    return tokens
