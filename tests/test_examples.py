@@ -143,8 +143,14 @@ def test_tlt_rollout_returns_one_completion_per_prompt_and_syncs_weights_on_step
 
     target = _tiny_model(2)
     plain = TLTRollout(target, strategy=None)(prompts, greedy)["completion_ids"]
-    spec = TLTRollout(target, drafter=Drafter(target), strategy=Strategy(3, 1, 4))(prompts, greedy)
+    speculative = TLTRollout(target, drafter=Drafter(target), strategy=Strategy(3, 1, 4))
+    spec = speculative(prompts, greedy)
     assert spec["completion_ids"] == plain
+    # acceptance by context position: the short responses all fall in the first bucket
+    call = speculative.calls[-1]
+    assert call.acceptance_by_position["0-256"] == pytest.approx(call.acceptance_length)
+    assert ("tlt/acceptance_length/0-256", call.acceptance_length) in greedy.logged
+    assert not any(name.endswith("1k+") for name, _ in greedy.logged)  # no row got there
 
 
 def test_tlt_rollout_adaptive_policy_is_calibrated_at_the_first_call():

@@ -51,7 +51,7 @@ absent).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -85,6 +85,9 @@ class RolloutCall:
     decode_steps: int  # all engine steps
     logprob_gap_max: float | None = None  # check_logprobs: max |ours - TRL's recomputation|
     logprob_gap_mean: float | None = None
+    # acceptance_length per context bucket ("0-256", "256-1k", "1k+"), None where no row-step
+    # fell: drafters lose acceptance deep into long responses, which the overall mean hides
+    acceptance_by_position: dict[str, float | None] = field(default_factory=dict)
 
 
 def transformer_from_hf(hf_model: torch.nn.Module) -> Transformer:
@@ -240,7 +243,8 @@ class TLTRollout:
             acceptance_length=result.acceptance_length, sd_steps=len(result.spec_steps),
             decode_steps=result.decode_steps,
             logprob_gap_max=None if gap is None else gap[0],
-            logprob_gap_mean=None if gap is None else gap[1])
+            logprob_gap_mean=None if gap is None else gap[1],
+            acceptance_by_position=result.acceptance_by_position)
         self.calls.append(call)
         log = getattr(trainer, "_log_metric", None)
         if log is None:
@@ -249,6 +253,9 @@ class TLTRollout:
         log("tlt/sd_step_share", call.sd_steps / max(call.decode_steps, 1))
         if call.acceptance_length is not None:
             log("tlt/acceptance_length", call.acceptance_length)
+        for bucket, length in call.acceptance_by_position.items():
+            if length is not None:
+                log(f"tlt/acceptance_length/{bucket}", length)
         if gap is not None:
             log("tlt/sampling_logp_difference/max", gap[0])
             log("tlt/sampling_logp_difference/mean", gap[1])
