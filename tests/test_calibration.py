@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from tests.speculative_fixtures import PROMPTS, VOCAB
-from tlt_core.adaptive.cost_model import CostModel, calibrate
+from tlt_core.adaptive.cost_model import calibrate
 from tlt_core.adaptive.policy import AdaptivePolicy
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.drafting.suffix_match import SuffixMatch
@@ -114,26 +114,6 @@ def test_nothing_timed_leaves_sd_off(target, drafter):
     tiny = RolloutEngine(target, EngineConfig(max_batch=2, max_len=2), drafter)
     with pytest.warns(RuntimeWarning, match="nothing was timed"):
         assert calibrate(tiny, PLANS, (1, 2), _greedy(PROMPTS[:2])).rates == {}
-
-
-def test_threshold_finds_the_crossover_between_calibrated_batch_sizes():
-    """SD pays 1.5x at calibrated 16 and loses at 64: with rates interpolated in log2(batch),
-    it still pays at 21 (1.25x) and 28 (1.07x), not at 32 (1.01x, under the 5% margin), so the
-    switch turns on at a 21-row plateau that neither calibrated size saw."""
-    plan = Strategy(2, 1, 3)
-    rates = {(1, "plain"): 40.0, (1, plan.key): 80.0, (16, "plain"): 300.0,
-             (16, plan.key): 450.0, (64, "plain"): 700.0, (64, plan.key): 560.0}
-    model = CostModel(rates)
-    threshold = model.threshold([plan])
-    assert 28 <= threshold < 32
-    assert model.rate(threshold, plan) > 1.05 * model.rate(threshold, None)
-    assert model.rate(threshold + 1, plan) <= 1.05 * model.rate(threshold + 1, None)
-    # never past the largest calibrated size, however well SD does there
-    assert CostModel({(1, "plain"): 1.0, (1, plan.key): 2.0, (4, "plain"): 1.0,
-                      (4, plan.key): 2.0}).threshold([plan]) == 4
-    # a run from 1: no switch-on above a batch size where SD loses
-    assert CostModel({(1, "plain"): 2.0, (1, plan.key): 1.0, (8, "plain"): 1.0,
-                      (8, plan.key): 2.0}).threshold([plan]) == 0
 
 
 def test_bad_calibration_arguments_are_named(target, drafter):

@@ -11,11 +11,8 @@ Python between kernels) is a large share of a step, and a sum of component timin
 out.
 
 `rate(B, plan)` is the bandit's prior (interpolated between calibrated batches);
-`threshold(plans)` the largest batch size, up to the largest calibrated one, at which some plan
-beats plain decoding by `margin` on those rates: the SD switch's default. It is read between
-calibrated sizes too, because a crossover rarely falls on one: a long tail that plateaus at 21
-rows (samples running to max_tokens together) sits between calibrated 16 and 64, where SD may
-still pay.
+`threshold(plans)` the largest calibrated batch at which some plan beats plain decoding by
+`margin`: the SD switch's default.
 
 Two kinds of plain step: `None`, a plain step of a loop that may speculate later (the adaptive
 loop's SD-off phase: the target also returns the drafter's features, which the drafter's
@@ -38,9 +35,8 @@ What it still cannot time it leaves out, with one warning, and never raises for:
 at which some plan (or plain decoding) never ran a step with all its rows (prompts too long for
 `EngineConfig.prefill_tokens` to admit them together, so the first rows finish before the last
 arrive; a max_len that leaves a row one token) is dropped from every table. Its rates are then
-interpolated between, or held at, the nearest timed batch sizes, and `threshold` reads no
-further than the largest timed batch size, so SD is not switched on where nothing showed that
-it pays. With no
+interpolated between, or held at, the nearest timed batch sizes, and `threshold` chooses among
+timed batch sizes only, so SD is not switched on where nothing showed that it pays. With no
 batch size timed the model is empty: `threshold` is 0 (SD off at every batch size) and `rate`
 raises LookupError.
 """
@@ -147,11 +143,10 @@ class CostModel:
         return self.admission_s[(max(below) if below else min(calibrated), key)]
 
     def threshold(self, plans: Sequence[object], margin: float = 0.05) -> int:
-        """The largest batch size at which the best plan's rate beats plain decoding's by
-        margin, over a run of such sizes from 1 up to the largest calibrated batch (0 if it
-        does not pay even at 1). Rates between calibrated sizes are rate()'s interpolation."""
+        """The largest calibrated batch at which the best plan beats plain decoding by margin,
+        over a run of such batches from the smallest (0 if it does not pay even there)."""
         best = 0
-        for batch in range(1, self.batches[-1] + 1 if self.batches else 1):
+        for batch in self.batches:
             if max(self.rate(batch, p) for p in plans) <= (1 + margin) * self.rate(batch, None):
                 break
             best = batch
@@ -250,7 +245,7 @@ def _untimed_warning(missing: dict[int, list[str]], timed: list[int], keys_per_b
                                                if len(keys) == keys_per_batch else ", ".join(keys))
                      for batch, keys in missing.items() if keys)
     fallback = (f"those batch sizes are left out: their rates are interpolated between, or held "
-                f"at, the timed sizes {timed}, and the SD switch's threshold is at most the largest of them"
+                f"at, the timed sizes {timed}, and the SD switch's threshold is one of those or 0"
                 if timed else "nothing was timed: the cost model is empty and SD stays off at "
                 "every batch size")
     return (f"calibration: no step ran with all rows at {gaps}; rows finished before all were "
