@@ -95,6 +95,20 @@ def test_head_rows_follow_the_target_head(target):
     assert torch.allclose(after, 2 * before, rtol=1e-5, atol=1e-5)
 
 
+def test_a_reduced_drafter_trains_after_drafting_in_inference_mode():
+    """The spot trainer's backward pass after a rollout (inference mode) gathered the head's
+    rows: the rows must be a normal tensor autograd can save."""
+    twin = tiny_target()
+    drafter = Drafter(twin, DrafterConfig(draft_vocab=4), [7, 1, 3, 0])
+    hidden = torch.randn(2, twin.config.hidden_size)
+    with torch.inference_mode():
+        drafted = drafter.logits(hidden)  # gathers and packs the rows
+    trained = drafter.logits(hidden.requires_grad_())
+    trained.sum().backward()
+    assert hidden.grad is not None
+    assert torch.equal(trained.detach(), drafted)
+
+
 def test_save_load_keeps_the_draft_vocabulary(target, reduced, tmp_path):
     reduced.save(tmp_path / "d")
     again = Drafter.load(tmp_path / "d", target)

@@ -172,7 +172,10 @@ class Drafter(nn.Module):
         key = (head.data_ptr(), head._version, head.dtype, self.draft_to_target.data_ptr(),
                self.draft_to_target._version)
         if self._head_rows is None or self._head_rows[0] != key:
-            self._head_rows = key, head.index_select(0, self.draft_to_target)
+            # gathered as a normal tensor even inside a rollout's inference mode: the spot
+            # trainer's backward pass may read rows a rollout gathered
+            with torch.inference_mode(False), torch.no_grad():
+                self._head_rows = key, head.index_select(0, self.draft_to_target)
         return self._head_rows[1]
 
     def new_cache(self, batch: int, max_len: int, budget_bytes: int | None = None) -> KVCache:
