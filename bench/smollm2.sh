@@ -7,7 +7,7 @@
 #
 #   drafter      tlt drafter train on 512 arithmetic problems x 2 responses (about 45 min)
 #   speculative  batch 1 at T = 1 (sampled chains) and T = 0
-#   batches      batches 4 / 16 / 64 at T = 0, plus the float32 exactness check
+#   batches      batches 4 / 16 / 64 at T = 0 and T = 1, plus the float32 exactness check
 #   rollout      long-tail and no-tail rollouts, SD off / always / adaptive / + suffix drafts
 #   train        GRPO end to end, TLT vs SD off vs SD off reseeded
 #   drafter_bench, simulate   spot-trained vs frozen drafter; the simulator's validation
@@ -50,6 +50,9 @@ for stage in "${STAGES[@]}"; do
         --strategy 6,1,7 --strategy 5,4,16 --reps 1 --requests 4 --max-tokens 256 \
         --json "$RESULTS/speculative_smollm2_bf16_t0_cpu.json" \
         --plot "$RESULTS/speculative_smollm2_bf16_t0_cpu.png"
+      tlt bench speculative "${COMMON[@]}" --temperature 1 --batch 4,16,64 \
+        --strategy s4 --strategy 6,1,7 --reps 1 --requests 4 --max-tokens 128 \
+        --json "$RESULTS/speculative_smollm2_bf16_t1_cpu.json"
       tlt bench speculative --model "$MODEL" --drafter "$DRAFTER" --dtype float32 \
         --device cpu --temperature 0 --batch 1,4 --strategy 6,1,7 --strategy 5,4,16 \
         --reps 1 --requests 4 --max-tokens 128 \
