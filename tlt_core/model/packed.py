@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
-from tlt_core.model.weight_layout import choose_layout, matmul, pack_matrix
+from tlt_core.model.weight_layout import PackedMatrix, choose_layout, matmul, pack_matrix
 
 
 @dataclass(frozen=True)
@@ -287,23 +287,12 @@ class PackedDecoder:
         self.model = model
         self.layers = PackedLayers(lambda: model.model.layers, model.config,
                                    lambda: model.inference_layout)
-        self.head: tuple[tuple, torch.Tensor] | None = None  # (key, packed lm_head weight)
-
-    def _head(self, layout: str) -> torch.Tensor:
-        weight = self.model.lm_head.weight
-        if layout == "fold":  # F.linear on the parameter: no transposed copy of the head
-            return weight
-        key = (weight.data_ptr(), weight._version, layout)
-        if self.head is None or self.head[0] != key:
-            self.head = None
-            with torch.no_grad():
-                self.head = (key, pack_matrix(weight, layout))
-        return self.head[1]
+        # the LM head in the layers' layout ("fold": F.linear on the parameter, no copy)
+        self.head = PackedMatrix()
 
     def copy_bytes(self) -> int:
         """Memory the packed copies take beyond the parameters."""
-        head = 0 if self.head is None or self.layers.layout == "views" else _nbytes(self.head[1])
-        return self.layers.copy_bytes() + head
+        return self.layers.copy_bytes() + self.head.copy_bytes()
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
                  tree_mask: torch.Tensor | None, hidden_layers: list[int], static: bool = False,
@@ -323,7 +312,6 @@ class PackedDecoder:
         if logit_index is not None:  # only the positions used: (B P, H) instead of (B T, H)
             rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
             h = h.view(B, T, -1)[rows, logit_index].reshape(-1, h.shape[-1])
-        layout = self.layers.layout
-        logits = matmul(stack.norm.forward(h), self._head(layout),
-                        "views" if layout == "fold" else layout).float()  # (B T | B P, V)
+        logits = self.head(stack.norm.forward(h), model.lm_head.weight,
+                           layout=self.layers.layout).float()  # (B T | B P, V)
         return logits.view(B, -1, logits.shape[-1]), tuple(saved[i] for i in hidden_layers)

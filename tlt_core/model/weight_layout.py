@@ -93,11 +93,12 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, layout: str,
 
 
 class PackedMatrix:
-    """One matrix multiplied outside a packed pass (the drafter's fc and LM head), held in
-    "onednn" where choose_layout picks it and as the tensor itself otherwise, and packed again
-    only when the source changed. Why: in bf16 on the CPU, F.linear reorders the weight into
-    oneDNN's blocked layout on every call, which for a drafter's head costs more than the product
-    itself. "fold" is not used: for a lone product its transposed copy saves no op.
+    """One matrix multiplied on its own (the target's LM head, the drafter's fc and head) in a
+    weight layout, packed again only when the source changed. The layout is the caller's (the
+    target's head follows its layers') or, by default, "onednn" where choose_layout picks it and
+    the tensor itself otherwise. Why: in bf16 on the CPU, F.linear reorders the weight into
+    oneDNN's blocked layout on every call, which for a drafter's head costs more than the
+    product itself. "fold" is never used for a lone product: its transposed copy saves no op.
 
     The source is identified by its storage, shape, strides and version counter, and a
     reference to it is kept, so its memory cannot be reused by another tensor while the pack is
@@ -111,17 +112,25 @@ class PackedMatrix:
         self._key: tuple = ()
         self._packed: torch.Tensor | None = None
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x (M, in) @ weight.T (+ bias) -> (M, out), weight (out, in)."""
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 layout: str | None = None) -> torch.Tensor:
+        """x (M, in) @ weight.T (+ bias) -> (M, out), weight (out, in); layout: "onednn" or
+        "views" ("fold" means views here), None: chosen for the weight."""
         version = None if weight.is_inference() else weight._version
         key = (weight.data_ptr(), weight.shape, weight.stride(), version, weight.dtype,
-               weight.device)
+               weight.device, layout)
         if self._source is None or key != self._key:
-            layout = choose_layout("auto", weight.dtype, weight.device, weight.nbytes)
+            if layout is None:
+                layout = choose_layout("auto", weight.dtype, weight.device, weight.nbytes)
             self.layout = "onednn" if layout == "onednn" else "views"
             self._packed = None  # the old pack is freed before the new one is built
             with torch.no_grad():
                 self._packed = pack_matrix(weight.detach(), self.layout)
             self._source, self._key = weight, key
         return matmul(x, self._packed, self.layout, bias)
+
+    def copy_bytes(self) -> int:
+        """Memory the pack takes beyond its source (0 when it is the source)."""
+        if self._packed is None or self.layout == "views":
+            return 0
+        return self._packed.numel() * self._packed.element_size()
