@@ -14,7 +14,7 @@
 #   3 gpu_tests        an NVML trace for the idle detector, then the GPU tests (cap 150 s)
 #   4 decode           bench/gpu_decode.py: Qwen2.5-7B-shaped random weights in bf16, our
 #                      engine eager and with CUDA graphs against transformers, the roofline,
-#                      syncs and launches per step, memory, speculative break-even (cap 210 s)
+#                      syncs and launches per step, memory, speculative break-even (cap 240 s)
 #   5 sampling_kernel  bench/sampling_kernel.py --device cuda (cap 60 s); "missing" if the
 #                      file does not exist
 #   6 kernels_bench    optional: tlt bench kernels --device cuda (cap 45 s)
@@ -272,7 +272,7 @@ run_stage build 1 180 30 \
   "$([ "$DEVICE" = cpu ] && echo "--device cpu uses the installed tlt_core._C")"
 run_stage environment 1 60 10 ""
 run_stage gpu_tests 1 150 30 "$GPU_ONLY"
-run_stage decode 1 210 60 ""
+run_stage decode 1 240 60 ""
 if [ -n "$GPU_ONLY" ]; then
   run_stage sampling_kernel 1 60 15 "$GPU_ONLY"
 elif [ -f bench/sampling_kernel.py ]; then

@@ -12,8 +12,9 @@ normal(0, --std) weights, norms at one; transformers' Qwen2ForCausalLM is built 
 config and given the same tensors' values (its logits are checked against ours). Random weights
 decode like trained ones (same matmuls, same bytes read); only acceptance means nothing.
 
-Per shape (the 7B shape runs first: it is the one the targets are about; our engine's
-measurements run before transformers' model is built, so their memory is ours alone):
+Per shape (the 7B shape runs first: it is the one the targets are about). Our engine's plain
+decoding runs first, before transformers' model is built, so its memory is ours alone; then
+transformers' rows, the speculative chains, and last the optional compiled row:
 1. Plain decode steps at each --batches B, prompts of --context random tokens, greedy,
    exactly --new-tokens M tokens per row (no stop ids; transformers with min_new_tokens =
    max_new_tokens). A path's step time is the median over --repeats of (t(M) - t(1)) / (M - 1),
@@ -269,9 +270,11 @@ def run_shape(shape: str, device: torch.device, dtype: torch.dtype, sizes: Sizes
     prompts = random_prompts(config.vocab_size, max(sizes.batches + sizes.spec_batches),
                              sizes.context, args.seed)
     run_our_decoding(shape, model, prompts, sizes, api, device, result, budget, report)
+    hf = run_transformers(shape, model, prompts, sizes, device, result, budget, report)
     run_speculative(shape, model, prompts, sizes, api, device, result, args, budget, report)
-    run_transformers(shape, model, prompts, sizes, device, result, args, budget, report,
-                     compile_allowed)
+    run_compiled_transformers(shape, hf, prompts, sizes, device, result, args, budget, report,
+                              compile_allowed)
+    del hf
     result["targets"] = targets(shape, device, result)
     result["seconds"] = round(budget.elapsed() - started, 1)
     report.save()
@@ -329,9 +332,10 @@ def run_speculative(shape: str, model: Transformer, prompts: torch.Tensor, sizes
 
 
 def run_transformers(shape: str, model: Transformer, prompts: torch.Tensor, sizes: Sizes,
-                     device: torch.device, result: dict, args, budget: Budget, report: Report,
-                     compile_allowed: bool) -> None:
-    """transformers' generate on the same weights; a failure is recorded in the rows."""
+                     device: torch.device, result: dict, budget: Budget,
+                     report: Report) -> torch.nn.Module | None:
+    """transformers' generate on the same weights, dynamic and static cache; returns its model
+    (None if it could not be built: the rows say why)."""
     variants = ("hf_dynamic", "hf_static")
     report.start(f"{shape}: transformers' model from the same weights", budget)
     try:
@@ -341,9 +345,8 @@ def run_transformers(shape: str, model: Transformer, prompts: torch.Tensor, size
         detail = f"building transformers' model: {_describe(error)}"
         result["hf_logits_check"] = {"status": "error", "detail": detail}
         result["decode"] += [DecodeRow(variant, batch, status="error", detail=detail)
-                             for variant in variants + ("hf_static_compiled",)
-                             for batch in (sizes.batches if variant in variants else (1,))]
-        return
+                             for variant in variants for batch in sizes.batches]
+        return None
     for variant in variants:
         for batch in sizes.batches:
             report.start(f"{shape}: {variant} B={batch}", budget)
@@ -352,8 +355,16 @@ def run_transformers(shape: str, model: Transformer, prompts: torch.Tensor, size
             _print_row(shape, row)
         report.start(f"{shape}: {variant} calls per step", budget)
         result["calls_per_step"].append(profile_hf(hf, variant, prompts, sizes, device))
+    return hf
+
+
+def run_compiled_transformers(shape: str, hf: torch.nn.Module | None, prompts: torch.Tensor,
+                              sizes: Sizes, device: torch.device, result: dict, args,
+                              budget: Budget, report: Report, compile_allowed: bool) -> None:
+    """The optional compiled static-cache row, last: compiling takes about a minute."""
     row = DecodeRow("hf_static_compiled", 1)
-    why_not = compile_skip_reason(args.hf_compile, device, budget, compile_allowed)
+    why_not = ("transformers' model could not be built" if hf is None else
+               compile_skip_reason(args.hf_compile, device, budget, compile_allowed))
     if why_not is None:
         report.start(f"{shape}: hf_static_compiled B=1 (torch.compile)", budget)
         row = measure_hf(hf, "hf_static_compiled", 1, prompts, sizes, device)
@@ -362,8 +373,6 @@ def run_transformers(shape: str, model: Transformer, prompts: torch.Tensor, size
         report.data["skipped"].append(f"shape {shape}: hf_static_compiled: {why_not}")
     result["decode"].append(_with_roofline(row, result["roofline"]))
     _print_row(shape, row)
-    del hf
-    _free(device)
 
 
 # ---- models ------------------------------------------------------------------------------------
