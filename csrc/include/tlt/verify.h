@@ -82,9 +82,13 @@ void verify_tree_greedy_cuda(const void* logits, FloatType logits_type, const in
 // Randomness: uniforms[B, N] float32 in [0, 1): u[b, c] (c >= 1) tests child c, u[b, 0] draws
 // the final token. Each uniform is used at most once, so results do not depend on how the walk
 // is scheduled; philox_uniforms (random.h) generates them from seeds for CPU/CUDA agreement.
-// Integer outputs agree across implementations except where a uniform lies within float
-// rounding of a decision threshold (sums are taken in different orders).
-// workspace: CUDA with draft_probs needs verify_tree_sampling_workspace_bytes(); CPU: nullptr.
+// Integer outputs agree across implementations except where a uniform (or top_p * Z) lies within
+// float rounding of a decision threshold: the CPU kernel sums over V in double in index order,
+// the CUDA kernel exactly (verify_cuda.cu explains), and expf may differ by an ulp between them.
+// The CUDA kernel's result for a row does not depend on the other rows or on the batch size.
+// workspace: CUDA needs verify_tree_sampling_workspace_bytes() in either draft mode (where a
+// block's share of a row's V does not fit its shared memory, the visited node's weights are
+// cached there); CPU: nullptr.
 int64_t verify_tree_sampling_workspace_bytes(int64_t batch, int64_t vocab,
                                              bool has_draft_probs);
 void verify_tree_sampling_cpu(const void* logits, FloatType logits_type,
