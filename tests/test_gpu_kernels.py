@@ -1,5 +1,7 @@
 """Invariant "Kernels agree" on the GPU: CUDA = CPU = reference, bit for bit on integer outputs
-given the same uniforms. Marked `gpu`; skipped without a CUDA device and a CUDA build."""
+given the same uniforms; and for the sampling kernel, which splits a row's vocabulary across
+blocks at small batches, "Rows are independent" of the batch, and CUDA-graph replay. Marked
+`gpu`; skipped without a CUDA device and a CUDA build."""
 
 import pytest
 import torch
@@ -57,6 +59,99 @@ def test_sampling_cuda_equals_cpu_and_reference(setting, shape, sampled_drafts):
                                                 temperature, top_k, top_p, uniforms,
                                                 draft_probs=draft_probs, num_nodes=case.num_nodes)
         assert torch.equal(gpu.emitted_tokens.cpu(), oracle.emitted_tokens)
+
+
+LARGE_VOCAB = 152064  # Qwen2's vocabulary: at small B the kernel splits a row over a cluster
+# Per-row (temperature, top_k, top_p), cycled over the rows: top-p only, top-k only, greedy,
+# both, top-k = 1, a wide top-k with a narrow top-p, temperature only.
+ROW_SETTINGS = [(0.7, 0, 0.9), (1.0, 50, 1.0), (0.0, 0, 1.0), (0.6, 20, 0.8), (1.3, 0, 0.95),
+                (1.0, 1, 1.0), (0.9, 1000, 0.5), (0.5, 0, 1.0)]
+
+
+def row_settings(batch, device="cpu"):
+    settings = [ROW_SETTINGS[b % len(ROW_SETTINGS)] for b in range(batch)]
+    temperature, top_k, top_p = zip(*settings)
+    return dict(temperature=torch.tensor(temperature, device=device),
+                top_k=torch.tensor(top_k, dtype=torch.int32, device=device),
+                top_p=torch.tensor(top_p, device=device))
+
+
+@pytest.fixture(scope="module")
+def large_vocab_case():
+    case = random_tree_case(31, 16, 8, LARGE_VOCAB)
+    g = torch.Generator().manual_seed(31)
+    draft_probs = torch.softmax(case.logits + torch.randn(case.logits.shape, generator=g), -1)
+    return case, draft_probs, torch.rand(16, 8, generator=g)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("sampled_drafts", [False, True])
+def test_split_vocabulary_sampling_cuda_equals_cpu(large_vocab_case, batch, dtype,
+                                                   sampled_drafts):
+    case, draft_probs, uniforms = large_vocab_case
+    logits = case.logits[:batch].to(dtype)
+    tree = (case.tokens[:batch], case.parents[:batch])
+    q = draft_probs[:batch] if sampled_drafts else None
+    cpu = ops.verify_tree_sampling(logits, *tree, uniforms=uniforms[:batch], draft_probs=q,
+                                   num_nodes=case.num_nodes[:batch], **row_settings(batch))
+    logits, tokens, parents, u, q, n = cuda(logits, *tree, uniforms[:batch], q,
+                                            case.num_nodes[:batch])
+    gpu = ops.verify_tree_sampling(logits, tokens, parents, uniforms=u, draft_probs=q,
+                                   num_nodes=n, **row_settings(batch, "cuda"))
+    assert_outputs_equal(gpu, cpu)
+
+
+@pytest.mark.parametrize("sampled_drafts", [False, True])
+def test_sampling_row_outputs_do_not_depend_on_the_batch(large_vocab_case, sampled_drafts):
+    """A row alone runs split over more blocks than in a batch of 64; the kernel's sums are
+    exact, so its outputs are the same bit for bit, log-probabilities included."""
+    case, draft_probs, uniforms = large_vocab_case
+    rows = torch.arange(64) % 16
+    logits, tokens, parents, u, n = cuda(case.logits.to(torch.bfloat16), case.tokens,
+                                         case.parents, uniforms, case.num_nodes)
+    q = draft_probs.cuda() if sampled_drafts else None
+    settings = row_settings(16, "cuda")
+    batched = ops.verify_tree_sampling(
+        logits[rows], tokens[rows], parents[rows], uniforms=u[rows], num_nodes=n[rows],
+        draft_probs=q[rows] if q is not None else None,
+        **{name: value[rows.cuda()] for name, value in settings.items()})
+    for b in range(16):
+        one = slice(b, b + 1)
+        alone = ops.verify_tree_sampling(
+            logits[one], tokens[one], parents[one], uniforms=u[one], num_nodes=n[one],
+            draft_probs=q[one] if q is not None else None,
+            **{name: value[one] for name, value in settings.items()})
+        for name in ("accept_index", "num_accepted", "emitted_tokens", "emitted_logprobs"):
+            together = getattr(batched, name)[rows.cuda() == b]
+            assert torch.equal(together, getattr(alone, name).expand_as(together)), (b, name)
+
+
+def test_sampling_kernel_replays_in_a_cuda_graph(large_vocab_case):
+    """With validate=False the sampling verifier has no host sync and allocates from the
+    graph's pool: it captures, and a replay reads the inputs' new values."""
+    case, _, uniforms = large_vocab_case
+    logits, tokens, parents, u, n = cuda(case.logits[:4].to(torch.bfloat16), case.tokens[:4],
+                                         case.parents[:4], uniforms[:4], case.num_nodes[:4])
+    settings = row_settings(4, "cuda")
+
+    def verify():
+        return ops.verify_tree_sampling(logits, tokens, parents, uniforms=u, num_nodes=n,
+                                        validate=False, **settings)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        verify()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = verify()
+    u.copy_(torch.rand(u.shape, generator=torch.Generator().manual_seed(5)).cuda())
+    graph.replay()
+    expected = verify()
+    for name in ("accept_index", "num_accepted", "emitted_tokens", "emitted_logprobs"):
+        assert torch.equal(getattr(captured, name), getattr(expected, name)), name
 
 
 def test_seeded_sampling_is_identical_on_cpu_and_cuda():
