@@ -41,7 +41,7 @@ def test_reduced_drafter_scores_and_proposes_only_its_ids(target, reduced):
     assert logits.shape == (3, reduced.vocab_size)
     assert torch.allclose(logits, full[:, reduced.draft_to_target])  # the target's own rows
     cache = reduced.new_cache(3, 48)
-    cache.lengths.fill_(2)
+    cache.set_lengths(2)
     with torch.no_grad():
         tree = draft_tree(reduced, cache, torch.tensor([3, 4, 5]), hidden, Strategy(4, 3, 10))
     drafted = tree.tokens[:, 1:]

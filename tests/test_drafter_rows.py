@@ -76,9 +76,9 @@ def test_the_contract_lazy_equals_eager_equals_one_pass(target, drafter):
             pairs[first_row + b] += [(int(tokens[b, i]), features[b, i]) for i in range(count)]
         for state in rows.values():
             if how == "extend":
-                state.extend(first_row, tokens, [features], torch.tensor(counts))
+                state.extend(first_row, tokens, [features], torch.tensor(counts), counts)
             else:
-                state.follow(tokens, [features], torch.tensor(counts))
+                state.follow(tokens, [features], torch.tensor(counts), counts)
 
     with torch.inference_mode():
         commit([5, 3, 4], 5, "extend")  # prefill of ragged prompts

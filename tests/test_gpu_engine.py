@@ -50,3 +50,47 @@ def test_harvest_and_spot_training_on_cuda():
     assert later.last_loss < first.last_loss
     spec = engine.generate(requests, strategy=Strategy(4, 1, 5))
     assert [r.tokens.tolist() for r in spec.rollouts] == [r.tokens.tolist() for r in plain.rollouts]
+
+
+def test_graph_replays_equal_eager_passes_also_after_weight_updates():
+    """On CUDA, decoding from captured graphs gives the eager engine's tokens (float32): for
+    plain, chain, tree and sampled-chain steps; after an optimizer step on the target; and
+    after the drafter is refreshed (trained further). The shared pool reserves no more than
+    one pool per graph."""
+    import torch
+
+    from tlt_core.drafting.sampled_chain import SampledChain
+
+    torch.manual_seed(0)
+    target = tiny_target().to("cuda")
+    drafter = train_drafter(tiny_target(), steps=40)
+    drafter_gpu = Drafter(target)
+    drafter_gpu.load_state_dict(drafter.state_dict())
+    drafter_gpu.eval()
+    requests = [Request(p, SamplingParams(temperature=t, max_tokens=16, seed=i))
+                for i, p in enumerate(PROMPTS) for t in (0.0, 1.0)]
+    memory = {}
+    for pool in ("shared", "per_graph"):
+        graphs = RolloutEngine(target, EngineConfig(max_batch=8, max_len=64, graph_pool=pool),
+                               drafter_gpu)
+        eager = RolloutEngine(target, EngineConfig(max_batch=8, max_len=64, graphs=False),
+                              drafter_gpu)
+        for update in ("none", "optimizer step", "drafter refresh"):
+            if update == "optimizer step":
+                optimizer = torch.optim.SGD(target.parameters(), lr=1e-3)
+                target(torch.tensor([PROMPTS[0]], device="cuda"),
+                       torch.arange(len(PROMPTS[0]), device="cuda")[None]).logits.sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            elif update == "drafter refresh":
+                with torch.no_grad():
+                    for p in drafter_gpu.parameters():
+                        p.mul_(0.9)
+            for strategy in (None, Strategy(4, 1, 5), Strategy(3, 2, 6), SampledChain(3)):
+                got = graphs.generate(requests, strategy)
+                want = eager.generate(requests, strategy)
+                assert [r.tokens.tolist() for r in got.rollouts] == [
+                    r.tokens.tolist() for r in want.rollouts], (pool, update, strategy)
+        memory[pool] = graphs.graph_memory()
+        assert memory[pool]["graphs"] > 0
+    assert memory["shared"]["reserved_bytes"] <= memory["per_graph"]["reserved_bytes"]

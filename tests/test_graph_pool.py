@@ -6,7 +6,7 @@ import torch
 
 import tlt_core.ops as ops
 from tests.speculative_fixtures import tiny_target
-from tlt_core.adaptive.graph_pool import GraphPool
+from tlt_core.engine.graph_pool import GraphPool
 from tlt_core.model.kv_cache import CacheShape, KVCache
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -45,7 +45,8 @@ def test_static_pass_equals_the_dynamic_pass(tokens, tree):
         ids = torch.randint(0, model.config.vocab_size, (3, tokens))
         positions = cache.lengths[:, None] + torch.arange(tokens)
         mask = _tree_mask(3, tokens, "cpu") if tree else None
-        out = model.step(ids, positions, cache, tree_mask=mask, hidden_layers=(0,), static=static)
+        out = model.step(ids, positions, cache, tree_mask=mask, hidden_layers=(0,),
+                         read_len=cache.shape.max_len if static else None)
         outs.append((out.logits, out.hidden_states[0], cache.data.clone()))
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -71,12 +72,12 @@ def test_replay_equals_eager_and_the_shared_pool_is_smaller_than_naive():
         cache = _cache(model, batch, 64, device, [3 + i for i in range(batch)])
 
         def verify(ids, positions, cache=cache):
-            return model.step(ids, positions, cache, static=True).logits
+            return model.step(ids, positions, cache, read_len=64).logits
 
         for replay in range(2):  # the second call replays the captured graph
             ids = torch.randint(0, model.config.vocab_size, (batch, tokens), device=device)
             positions = cache.lengths[:, None] + torch.arange(tokens, device=device)
-            eager = model.step(ids, positions, cache, static=True).logits.clone()
+            eager = model.step(ids, positions, cache, read_len=64).logits.clone()
             got = shared.run((batch, tokens), verify, ids, positions).clone()
             torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
             naive.run((batch, tokens), verify, ids, positions)

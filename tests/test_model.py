@@ -179,7 +179,7 @@ def test_decode_step_equals_forward(checkpoints, family):
         view.commit(torch.tensor([n]))
     twin = new_cache(model, 3)
     twin.data.copy_(cache.data)
-    twin.lengths.copy_(cache.lengths)
+    twin.set_lengths(cache.host_lengths)
     for _ in range(3):
         tokens = torch.randint(0, VOCAB, (3,), generator=g)
         with torch.no_grad():
@@ -255,7 +255,7 @@ def test_tree_pass_equals_path_recomputation(checkpoints, family, inference_pass
         cache.commit(prefix_lengths)
         twin = new_cache(model, B)
         twin.data.copy_(cache.data)
-        twin.lengths.copy_(cache.lengths)
+        twin.set_lengths(cache.host_lengths)
         result = run(tree.tokens, meta.positions, cache, tree_mask=tree_mask, hidden_layers=[2, -1])
         reference = model(tree.tokens, meta.positions, twin, tree_mask=tree_mask,
                           hidden_layers=[2, -1])

@@ -52,7 +52,7 @@ def test_greedy_rows_draft_the_argmax_chain(target, drafter):
 
 def test_drafts_are_a_function_of_each_rows_seed(target, drafter):
     cache = drafter.new_cache(3, 32)
-    cache.lengths.fill_(2)
+    cache.set_lengths(2)
     hidden = torch.randn(3, target.config.hidden_size)
     sampling = dict(temperature=torch.ones(3), top_k=torch.zeros(3, dtype=torch.int32),
                     top_p=torch.ones(3), seed=torch.tensor([5, 6, 5]),

@@ -222,9 +222,9 @@ def test_drafter_checkpoint_round_trip_drafts_the_same(target, drafters, tmp_pat
     again = Drafter.load(tmp_path / "drafter", target).eval()
     engine = RolloutEngine(target, EngineConfig(max_batch=3, max_len=48), drafter)
     cache = drafter.new_cache(3, 48)
-    cache.lengths.fill_(2)
+    cache.set_lengths(2)
     twin = again.new_cache(3, 48)
-    twin.lengths.fill_(2)
+    twin.set_lengths(2)
     roots, hidden = torch.tensor([3, 4, 5]), torch.randn(3, target.config.hidden_size)
     with torch.no_grad():
         a = draft_tree(drafter, cache, roots, hidden, Strategy(4, 3, 10))
@@ -305,7 +305,7 @@ def test_draft_level_attention_sees_committed_slots_and_its_ancestors_only():
 
     g = torch.Generator().manual_seed(0)
     cache = KVCache(CacheShape(1, 3, 1, 32, 2))
-    cache.lengths.copy_(torch.tensor([5, 2, 9]))
+    cache.set_lengths([5, 2, 9])
     before, T = 4, 3
     ancestors = torch.rand(3, T, before + T, generator=g) < 0.5
     for tree_mask in (ancestors, None):

@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tlt_core.adaptive.graph_pool import GraphPool
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
 from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelWorkload
 from tlt_core.drafting.plan import DraftPlan
@@ -45,7 +44,6 @@ from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import (Request, SamplingParams, acceptance_by_position,
                                      seconds_at_or_below)
-from tlt_core.model.kv_cache import CacheShape, KVCache
 
 MODES = ("off", "always", "adaptive", "adaptive_suffix")
 SUFFIX_PLANS = (SuffixMatch(8), SuffixMatch(16))
@@ -160,8 +158,8 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
     if studies:
         studies_out["drafter_sync"] = drafter_sync_study(
             target, drafter, config, workload_set["long_tail"], calibration, rounds, seed)
-        studies_out["graph_pool"] = graph_pool_study(target, DEFAULT_PLANS + SUFFIX_PLANS,
-                                                     max_batch)
+        studies_out["graph_pool"] = graph_pool_study(target, drafter,
+                                                     DEFAULT_PLANS + SUFFIX_PLANS, max_batch)
     return {"model": label, "rows": rows, "studies": studies_out}
 
 
@@ -182,31 +180,24 @@ def drafter_sync_study(target, drafter, config, requests, calibration, rounds, s
     return out
 
 
-@torch.inference_mode()
-def graph_pool_study(target, plans, max_batch: int) -> dict:
-    """CUDA only: decode + verify graphs for every bucket edge and plan, captured in one shared
-    pool keyed by verify size, against one private-pool graph per (bucket, strategy)."""
+def graph_pool_study(target, drafter, plans, max_batch: int) -> dict:
+    """CUDA only: the engine's decode graphs (every batch bucket, context bucket and plan a call
+    of max_batch rows may run) captured in one shared pool, against one pool per graph."""
     if not torch.cuda.is_available() or next(target.parameters()).device.type != "cuda":
         return {"available": False, "why": "needs the target on a CUDA device"}
-    device = next(target.parameters()).device
-    c = target.config
-    edges = [e for e in (1, 2, 4, 8, 16, 32, 64) if e <= max_batch]
-    shared, naive = GraphPool(device), GraphPool(device, share_pool=False)
-    for edge in edges:
-        cache = KVCache(CacheShape(c.num_layers, edge, c.num_kv_heads, 512, c.head_dim),
-                        dtype=next(target.parameters()).dtype, device=device)
-
-        def step(ids, positions, cache=cache):
-            return target.step(ids, positions, cache, static=True).logits
-
-        for name, tokens in [("one_token", 1)] + [(p.key, p.num_verify_tokens) for p in plans]:
-            ids = torch.zeros(edge, tokens, dtype=torch.int64, device=device)
-            positions = torch.arange(tokens, device=device).expand(edge, tokens).contiguous()
-            shared.run((edge, tokens), step, ids, positions)
-            naive.run((edge, name), step, ids, positions)
-    return {"available": True, "shared_pool_bytes": shared.reserved_bytes,
-            "naive_bytes": naive.reserved_bytes,
-            "graphs_shared": len(shared.capture_bytes), "graphs_naive": len(naive.capture_bytes)}
+    memory = {}
+    for pool in ("shared", "per_graph"):
+        engine = RolloutEngine(target, EngineConfig(max_batch=max_batch, max_len=512,
+                                                    graphs=True, graph_pool=pool), drafter)
+        engine.graphs.capture(plans, drafter.config.feature_layers, max_batch, 512)
+        memory[pool] = engine.graph_memory()
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+    return {"available": True, "shared_pool_bytes": memory["shared"]["reserved_bytes"],
+            "naive_bytes": memory["per_graph"]["reserved_bytes"],
+            "graphs_shared": memory["shared"]["graphs"],
+            "graphs_naive": memory["per_graph"]["graphs"]}
 
 
 def plot(result: dict, path) -> None:

@@ -173,10 +173,32 @@ class Drafter(nn.Module):
                self.draft_to_target._version)
         if self._head_rows is None or self._head_rows[0] != key:
             # gathered as a normal tensor even inside a rollout's inference mode: the spot
-            # trainer's backward pass may read rows a rollout gathered
+            # trainer's backward pass may read rows a rollout gathered; into the same tensor
+            # when it fits, so a CUDA graph that read the rows reads the new ones
             with torch.inference_mode(False), torch.no_grad():
-                self._head_rows = key, head.index_select(0, self.draft_to_target)
+                rows = None if self._head_rows is None else self._head_rows[1]
+                if rows is not None and (rows.dtype, rows.device, rows.shape[1]) == (
+                        head.dtype, head.device, head.shape[1]):
+                    torch.index_select(head, 0, self.draft_to_target, out=rows)
+                else:
+                    rows = head.index_select(0, self.draft_to_target)
+                self._head_rows = key, rows
         return self._head_rows[1]
+
+    def reserve_positions(self, bound: int) -> None:
+        """Precomputes the inference pass's RoPE tables for positions < bound (as
+        Transformer.reserve_positions)."""
+        self._packed.reserve_rope(self.target.model.rotary_emb, bound, self.fc.weight.dtype,
+                                  self.fc.weight.device)
+
+    def refresh_inference(self) -> tuple[int, ...]:
+        """Brings the packed inference weights up to date now (a captured graph never runs
+        their own checks); returns their generations, which change only when a pack's tensors
+        were replaced rather than refreshed in place."""
+        self._packed.get()
+        self._packed_fc.refresh(self.fc.weight)
+        self._packed_head.refresh(self.head())
+        return self._packed.generation, self._packed_fc.generation, self._packed_head.generation
 
     def new_cache(self, batch: int, max_len: int, budget_bytes: int | None = None) -> KVCache:
         c = self.target.config

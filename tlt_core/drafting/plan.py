@@ -45,6 +45,10 @@ class DraftContext:
     # The rows' sampling parameters, as the verification kernel takes them (temperature,
     # top_k, top_p, seed, offset: (B,) each), for plans that sample their drafts.
     sampling: dict | None = None
+    # Drafter-cache slots every level attends over, fixed: the draft then has the same shapes
+    # for any lengths and can be captured in a CUDA graph (tlt_core.engine.step_graphs; the
+    # caller checked room). None: the slots some row uses.
+    read_len: int | None = None
 
 
 @runtime_checkable

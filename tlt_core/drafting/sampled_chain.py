@@ -78,8 +78,7 @@ class SampledChain:
 def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:
     drafter, cache, roots = context.drafter, context.drafter_cache, context.roots
     B, device = roots.shape[0], roots.device
-    lengths = cache.lengths
-    shortest, longest = (int(n) for n in torch.aminmax(lengths))  # the draft's one host sync
+    shortest, longest = int(cache.host_lengths.min()), cache.longest()  # host mirror: no sync
     if longest + depth - 1 > cache.shape.max_len:
         raise ValueError(f"strategy: sampled({depth}) drafts {depth - 1} nodes past the "
                          f"drafter cache's {cache.shape.max_len} slots; raise the engine's "
@@ -112,7 +111,7 @@ def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:
         return drafter.to_target_ids(index)  # (B, 1)
 
     tokens = chain_levels(drafter, cache, context.root_hidden, depth, shortest == longest,
-                          longest, sample)
+                          longest, sample, context.read_len)
     parents = torch.arange(-1, depth, dtype=torch.int32, device=device).expand(B, depth + 1)
     return ops.DraftTree(torch.cat([roots[:, None]] + tokens, 1), parents.contiguous(),
                          torch.arange(-1, depth, dtype=torch.int32, device=device)

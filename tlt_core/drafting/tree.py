@@ -78,31 +78,32 @@ class Strategy:
             raise ValueError(f"strategy: {self.key} drafts with the learned drafter, and this "
                              "step has none")
         return draft_tree(context.drafter, context.drafter_cache, context.roots,
-                          context.root_hidden, self)
+                          context.root_hidden, self, context.read_len)
 
     def __str__(self) -> str:
         return self.key
 
 
 def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidden: torch.Tensor,
-               strategy: Strategy) -> ops.DraftTree:
+               strategy: Strategy, read_len: int | None = None) -> ops.DraftTree:
     """The tree to verify for each row. cache: the drafter's cache over the B rows (pairs up
     to the root committed); roots (B,) int64 the root tokens; root_hidden (B, H) the drafter's
-    output at its last committed pair (whose logits give the tokens after the root)."""
+    output at its last committed pair (whose logits give the tokens after the root);
+    read_len: DraftContext.read_len."""
     B, K = roots.shape[0], strategy.topk
     device = roots.device
     if K > drafter.vocab_size:
         raise ValueError(f"strategy: topk {K} exceeds the draft vocabulary "
                          f"({drafter.vocab_size})")
     lengths = cache.lengths
-    shortest, longest = (int(n) for n in torch.aminmax(lengths))  # the draft's one host sync
+    shortest, longest = int(cache.host_lengths.min()), cache.longest()  # host mirror: no sync
     if longest + strategy.fed_nodes > cache.shape.max_len:
         raise ValueError(f"strategy: {strategy} drafts {strategy.fed_nodes} nodes past the "
                          f"drafter cache's {cache.shape.max_len} slots; raise the engine's "
                          "spec_reserve")
     if K == 1:
         return _draft_chain(drafter, cache, roots, root_hidden, strategy, shortest == longest,
-                            longest)
+                            longest, read_len)
     scores, tokens = torch.log_softmax(drafter.logits(root_hidden), -1).topk(K, dim=-1)  # (B, K)
     tokens = drafter.to_target_ids(tokens)
     cand_tokens, cand_scores = [tokens], [scores]
@@ -115,7 +116,8 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
     for level in range(1, strategy.depth):
         tokens, scores, features = frontier
         fed_before = (level - 1) * K
-        plan = attention_plan((B, K), cache, ancestors, device, before=fed_before)
+        plan = attention_plan((B, K), cache, ancestors, device, before=fed_before,
+                              read_len=read_len)
         positions = (lengths + level - 1)[:, None].expand(B, K)
         hidden = drafter(tokens, features, positions, cache, plan=plan)  # (B, K, H)
         child_scores, child_tokens = torch.log_softmax(drafter.logits(hidden), -1).topk(K, dim=-1)
@@ -140,7 +142,8 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
 
 
 def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidden: torch.Tensor,
-                 strategy: Strategy, uniform: bool, longest: int) -> ops.DraftTree:
+                 strategy: Strategy, uniform: bool, longest: int, read_len: int | None
+                 ) -> ops.DraftTree:
     """draft_tree for K = 1, without the tree bookkeeping: level j's node is candidate j - 1,
     the child of candidate j - 2 (grown by chain_levels, each level's argmax)."""
     B, depth, device = roots.shape[0], strategy.depth, roots.device
@@ -155,7 +158,7 @@ def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hid
             scores.append(score if level == 0 else scores[-1] + score)
         return drafter.to_target_ids(index)
 
-    tokens = chain_levels(drafter, cache, root_hidden, depth, uniform, longest, argmax)
+    tokens = chain_levels(drafter, cache, root_hidden, depth, uniform, longest, argmax, read_len)
     if not exact:
         scores = [-torch.arange(depth, dtype=torch.float32, device=device).expand(B, depth)]
     parents = torch.arange(-1, depth - 1, dtype=torch.int32, device=device).expand(B, depth)
@@ -165,20 +168,23 @@ def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hid
 
 def chain_levels(drafter: Drafter, cache: KVCache, root_hidden: torch.Tensor, depth: int,
                  uniform: bool, longest: int,
-                 pick: Callable[[int, torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+                 pick: Callable[[int, torch.Tensor], torch.Tensor],
+                 read_len: int | None = None) -> list[torch.Tensor]:
     """A chain of `depth` draft tokens per row: level 0's from the drafter's output at the root
     (root_hidden (B, H)), each later level's from feeding the previous token through the
     drafter. pick(level, logits (B, V')) -> (B, 1) target ids chooses each level's token (an
     argmax, or a sample). Level j's node is written to drafter-cache slot lengths + j - 1 at
     that position and sees every slot before it, with no mask at all when the rows have equal
-    lengths (`uniform`; `longest` is the longest row's committed length)."""
+    lengths (`uniform`; `longest` is the longest row's committed length) unless read_len
+    (DraftContext.read_len) fixes the slots read."""
     B, lengths, device = root_hidden.shape[0], cache.lengths, root_hidden.device
     tokens, hidden = [], root_hidden[:, None]  # (B, 1, H)
     for level in range(depth):
         if level > 0:
             slots = lengths[:, None] + (level - 1)  # (B, 1): where it is written = its position
-            plan = (AttentionPlan(None, slots, longest + level) if uniform else
-                    attention_plan((B, 1), cache, None, device, before=level - 1))
+            plan = (AttentionPlan(None, slots, longest + level) if uniform and read_len is None
+                    else attention_plan((B, 1), cache, None, device, before=level - 1,
+                                        read_len=read_len))
             hidden = drafter(tokens[-1], hidden, slots, cache, plan=plan)  # (B, 1, H)
         tokens.append(pick(level, drafter.logits(hidden[:, 0])))
     return tokens

@@ -18,6 +18,8 @@ guess of the root's feature, which seeds the next tree). The operations:
 
 `extend` writes every pair of its (B, T) input to the cache and commits counts[b] of them per
 row: padding after a row's valid pairs lands in uncommitted slots that no valid pair sees.
+Every count is given on the device and on the host (the engine knows both after its step's one
+read), so no operation here reads the device.
 
 Shapes: R cache rows, B rows of a step, T pairs per row, F feature layers, H hidden size.
 """
@@ -26,9 +28,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from tlt_core.drafting.drafter import Drafter
+from tlt_core.model.attention_plan import attention_plan
 from tlt_core.model.kv_cache import KVCache
 
 SYNCS = ("lazy", "eager")
@@ -51,49 +55,64 @@ class DrafterRows:
         self._backlog_tokens: torch.Tensor | None = None  # (R, capacity) int64
         self._backlog_features: torch.Tensor | None = None  # (R, capacity, F, H)
         self._backlog_len = torch.zeros(rows, dtype=torch.int64, device=device)  # (R,)
-        self._backlog_width = 0  # bound on max(_backlog_len) over the running rows
+        self._backlog_len_host = np.zeros(rows, dtype=np.int64)  # (R,) the same, on the host
 
     def reset(self) -> None:
         """Every row empty: a new generate call."""
-        self.cache.lengths.zero_()
+        self.cache.set_lengths(0)
         self._backlog_len.zero_()
-        self._backlog_width = 0
+        self._backlog_len_host[:] = 0
 
     def rows(self, batch: int) -> KVCache:
         """The drafter's cache over rows [0, batch)."""
         return self.cache.rows(0, batch)
 
     def extend(self, first_row: int, following: torch.Tensor,
-               target_hidden: Sequence[torch.Tensor], counts: torch.Tensor) -> None:
+               target_hidden: Sequence[torch.Tensor], counts: torch.Tensor,
+               host_counts: Sequence[int] | np.ndarray) -> None:
         """Commits the pairs (f_t, x_{t+1}) of positions the target just committed, for rows
         [first_row, first_row + B): following (B, T) the tokens x_{t+1}, target_hidden the
         target's outputs at its feature layers (each (B, T, H); further layers are ignored),
-        counts (B,) valid pairs per row. Keeps each row's last output."""
+        counts (B,) valid pairs per row (host_counts: the same on the host). Keeps each row's
+        last output."""
+        batch = following.shape[0]
+        hidden = self.run(first_row, following, target_hidden)
+        self.commit(first_row, hidden[:batch], counts, host_counts)
+
+    def run(self, first_row: int, following: torch.Tensor, target_hidden: Sequence[torch.Tensor],
+            read_len: int | None = None) -> torch.Tensor:
+        """extend's drafter pass alone (nothing committed): the drafter's outputs (B, T, H) over
+        the pairs, written to the rows' uncommitted slots; read_len: attend over exactly that
+        many slots (a fixed shape, for a CUDA graph; tlt_core.engine.step_graphs)."""
         batch, width = following.shape
         view = self.cache.rows(first_row, batch)
         positions = view.lengths[:, None] + torch.arange(width, device=following.device)  # (B, T)
         features = self.drafter.features(target_hidden[:self._num_features])  # (B, T, H)
-        hidden = self.drafter(following, features, positions, view)  # (B, T, H)
-        view.commit(counts)
-        last = torch.arange(batch, device=following.device), (counts - 1).clamp(min=0)
+        plan = (None if read_len is None else
+                attention_plan((batch, width), view, None, following.device, read_len=read_len))
+        return self.drafter(following, features, positions, view, plan=plan)  # (B, T, H)
+
+    def commit(self, first_row: int, hidden: torch.Tensor, counts: torch.Tensor,
+               host_counts: Sequence[int] | np.ndarray) -> None:
+        """Keeps counts[b] of the pairs `run` wrote for rows [first_row, first_row + B), and
+        each row's last output of them (hidden (B, T, H))."""
+        batch = hidden.shape[0]
+        self.cache.rows(first_row, batch).commit(counts, host=host_counts)
+        last = torch.arange(batch, device=hidden.device), (counts - 1).clamp(min=0)
         rows = slice(first_row, first_row + batch)
         self.last_hidden[rows] = torch.where((counts > 0)[:, None], hidden[last],
                                              self.last_hidden[rows])
 
     def follow(self, following: torch.Tensor, target_hidden: Sequence[torch.Tensor],
-               counts: torch.Tensor) -> None:
+               counts: torch.Tensor, host_counts: Sequence[int] | np.ndarray) -> None:
         """Pairs committed without the drafter, for rows [0, B) (arguments as in extend):
         extended now or queued, by `sync`."""
         batch, width = following.shape
         if self.sync == "eager":
-            self.extend(0, following, target_hidden, counts)
+            self.extend(0, following, target_hidden, counts, host_counts)
             return
-        if self._backlog_width + width > self.backlog_capacity:
-            # the bound also counts rows that have since finished: tighten it (a host sync,
-            # once per backlog_capacity positions at most), and flush only if really full
-            self._backlog_width = int(self._backlog_len[:batch].max())
-            if self._backlog_width + width > self.backlog_capacity:
-                self.flush(batch)
+        if int(self._backlog_len_host[:batch].max()) + width > self.backlog_capacity:
+            self.flush(batch)
         features = torch.stack(tuple(target_hidden[:self._num_features]), dim=2)  # (B, T, F, H)
         if self._backlog_tokens is None:
             rows, capacity = self.cache.shape.batch, self.backlog_capacity
@@ -109,21 +128,18 @@ class DrafterRows:
         self._backlog_tokens[rows, columns] = following
         self._backlog_features[rows, columns] = features
         self._backlog_len[:batch] += counts
-        self._backlog_width += width
+        self._backlog_len_host[:batch] += np.asarray(host_counts, dtype=np.int64)
 
     def flush(self, batch: int) -> None:
         """The drafter catches up on the backlog of rows [0, batch) in one pass."""
-        if self._backlog_width == 0:
-            return
-        width = int(self._backlog_len[:batch].max())  # the bound may count finished rows
+        width = int(self._backlog_len_host[:batch].max())
         if width == 0:
-            self._backlog_width = 0
             return
         features = self._backlog_features[:batch, :width]  # (B, T, F, H)
         self.extend(0, self._backlog_tokens[:batch, :width], features.unbind(dim=2),
-                    self._backlog_len[:batch])
+                    self._backlog_len[:batch], self._backlog_len_host[:batch].copy())
         self._backlog_len.zero_()
-        self._backlog_width = 0
+        self._backlog_len_host[:] = 0
 
     def move_row(self, source: int, target: int) -> None:
         """Row `source`'s state over row `target` (the engine moved its sample there)."""
@@ -132,8 +148,10 @@ class DrafterRows:
             self._backlog_tokens[target] = self._backlog_tokens[source]
             self._backlog_features[target] = self._backlog_features[source]
         self._backlog_len[target] = self._backlog_len[source]
+        self._backlog_len_host[target] = self._backlog_len_host[source]
         self.last_hidden[target] = self.last_hidden[source]
 
     def free_row(self, row: int) -> None:
-        self.cache.lengths[row] = 0
+        self.cache.set_lengths(0, slice(row, row + 1))
         self._backlog_len[row] = 0
+        self._backlog_len_host[row] = 0

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Sequence
 
 import torch
@@ -44,10 +44,13 @@ from tlt_core.drafting.plan import DraftContext, DraftPlan
 from tlt_core.drafting.suffix_index import SuffixIndex
 from tlt_core.engine.drafter_rows import SYNCS, DrafterRows
 from tlt_core.engine.hooks import HarvestSink, PlanPolicy, Speculation, StepObserver, StepOutcome
+from tlt_core.engine.host_read import HostReader
 from tlt_core.engine.records import (Request, RequestTiming, Rollout, RolloutResult,
                                      SamplingParams, SpecStepStats, bucket_counts)
 from tlt_core.engine.rows import RowState
 from tlt_core.engine.sampling import check_emitted, sample_roots, sample_seed
+from tlt_core.engine.step_clock import StepClock
+from tlt_core.engine.step_graphs import GRAPH_POOLS, StepGraphs
 from tlt_core.model.kv_cache import CacheBudgetError, CacheShape, KVCache, cache_dtype
 from tlt_core.model.transformer import ModelOutput
 
@@ -70,6 +73,12 @@ class EngineConfig:
     # Prefill's token budget: samples are admitted together while their padded prompts fit it,
     # and prefilled in chunks of at most this many tokens (a prompt of any length fits).
     prefill_tokens: int = 8192
+    # Decode passes at fixed shapes (tlt_core.engine.step_graphs): None = on a CUDA device
+    # (captured as CUDA graphs), off elsewhere; True = on (eagerly on the CPU: the same code,
+    # what tests compare with the dynamic path); False = off. graph_pool: "shared" (one memory
+    # pool for every graph) or "per_graph" (to measure what sharing saves).
+    graphs: bool | None = None
+    graph_pool: str = "shared"
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -82,6 +91,10 @@ class EngineConfig:
             raise ValueError(f"drafter_sync: must be 'lazy' or 'eager', got {self.drafter_sync!r}")
         if not isinstance(self.prefill_tokens, int) or self.prefill_tokens < 1:
             raise ValueError(f"prefill_tokens: must be an int >= 1, got {self.prefill_tokens!r}")
+        if self.graph_pool not in GRAPH_POOLS:
+            raise ValueError(f"graph_pool: must be one of {GRAPH_POOLS}, got {self.graph_pool!r}")
+        if self.graphs not in (None, True, False):
+            raise ValueError(f"graphs: must be None, True or False, got {self.graphs!r}")
         if self.draft_backlog < self.spec_reserve:
             raise ValueError(f"draft_backlog: must be >= spec_reserve ({self.spec_reserve}), "
                              f"got {self.draft_backlog}")
@@ -138,14 +151,15 @@ class _Committed:
     counts: torch.Tensor  # (B,) int64: tokens each row commits
     count_list: list[int]  # the same, on the host
     emitted: torch.Tensor  # (B, W) int64: the tokens, -1 past a row's count
-    emitted_rows: list[list[int]]  # the same on the host, a list per row
+    emitted_rows: list[list[int]]  # on the host, a list per row: its first counts[b] count
     logprob_rows: list[list[float]]  # (B, W) their target log-probs, a list per row
     last: torch.Tensor  # (B,) int64: each row's last committed token, its next root
     fed_tokens: torch.Tensor  # (B, W) int64: the token at each position just committed
     hidden: tuple[torch.Tensor, ...]  # (B, W, H) per returned target layer, at those positions
     # (B,) on the host, speculative steps only: each row's tokens in the cache before the step
-    # (its context position)
+    # (its context position), and its tree's nodes
     context_list: list[int] = field(default_factory=list)
+    node_list: list[int] = field(default_factory=list)
 
 
 class RolloutEngine:
@@ -183,6 +197,12 @@ class RolloutEngine:
         # Sibling and previous-call responses for suffix-match drafts: each generate call turns
         # the previous call's responses into history (add_history adds a caller's own).
         self.suffix_index = SuffixIndex()
+        self.host = HostReader(weight.device)  # a step's one device-to-host read
+        self.step_clock = StepClock(weight.device)
+        on_gpu = weight.device.type == "cuda"
+        self.graphs = (StepGraphs(model, self.cache, self.rows, self.drafter_rows,
+                                  capture=on_gpu, pool=config.graph_pool)
+                       if (on_gpu if config.graphs is None else config.graphs) else None)
         self._in_call = False
 
     # ---- public ------------------------------------------------------------------------------
@@ -213,12 +233,21 @@ class RolloutEngine:
                 self._admit(run)
                 if run.running:
                     self._step(run)
+            self.step_clock.flush()  # the last steps' times, to the observers
         finally:
+            self.step_clock.drop()
             self._in_call = False
         run.finished.sort(key=lambda r: (r.request_index, r.sample_index))
         return RolloutResult(run.finished, torch.tensor(run.trace_time, dtype=torch.float64),
                              torch.tensor(run.trace_running, dtype=torch.int64), run.clock(),
                              run.steps, tuple(run.spec_steps), run.harvest_s)
+
+    def graph_memory(self) -> dict:
+        """The decode graphs held (count, "pool": shared or per_graph, "reserved_bytes": what
+        their captures reserved); zeros when the engine runs without graphs or on the CPU."""
+        if self.graphs is None:
+            return {"graphs": 0, "pool": self.config.graph_pool, "reserved_bytes": 0}
+        return self.graphs.memory()
 
     # ---- the call ----------------------------------------------------------------------------
 
@@ -235,9 +264,20 @@ class RolloutEngine:
             hidden_layers = self.drafter.config.feature_layers + (
                 (-1,) if self.harvest is not None else ())
         waiting = deque(self._expand(requests, request_ids, index))
-        self.cache.lengths.zero_()
+        self.cache.set_lengths(0)
         if self.drafter_rows is not None:
             self.drafter_rows.reset()
+        if self.graphs is not None:
+            self.graphs.check_weights()
+            if waiting and self.graphs.pool.enabled:  # every pass this call may run,
+                # captured now on scratch state
+                plans = (strategy,) if isinstance(strategy, DraftPlan) else tuple(
+                    getattr(strategy, "plans", ()))
+                if not drafting:
+                    plans = tuple(p for p in plans if not p.uses_drafter)
+                self.graphs.capture(plans, hidden_layers, len(waiting), max(
+                    len(s.prompt_ids) + s.params.max_tokens for s in waiting
+                ) + self.config.spec_reserve)
         return _Run(waiting, choose, tuple(o for o in (told, observe) if o is not None), index,
                     drafting, hidden_layers, time.perf_counter())
 
@@ -260,7 +300,7 @@ class RolloutEngine:
             return
         first_row, count, now = len(run.running), len(admitted), run.clock()
         view = self.cache.rows(first_row, count)
-        view.lengths.zero_()
+        view.set_lengths(0)
         device = self.device
         lengths = [len(s.prompt_ids) for s in admitted]
         prompts = torch.zeros(count, max(lengths), dtype=torch.int64)  # (B_new, T)
@@ -270,7 +310,7 @@ class RolloutEngine:
             self.rows.admit(first_row + row, sample.seed, sample.params)
         prompts = prompts.to(device)
         prompt_lens = torch.tensor(lengths, device=device)  # (B_new,)
-        out = self._prefill(prompts, prompt_lens, view, run.hidden_layers)
+        out = self._prefill(prompts, prompt_lens, lengths, view, run.hidden_layers)
         self._harvest(run, admitted, prompts, out.hidden_states, lengths)
         rows = slice(first_row, first_row + count)
         last_index = torch.arange(count, device=device), prompt_lens - 1
@@ -280,20 +320,24 @@ class RolloutEngine:
             # (prompts go to the drafter at once: one batched pass, not worth a backlog)
             following = torch.cat((prompts[:, 1:], prompts[:, :1]), dim=1)  # (B_new, T)
             following[last_index] = tokens
-            self.drafter_rows.extend(first_row, following, out.hidden_states, prompt_lens)
+            self.drafter_rows.extend(first_row, following, out.hidden_states, prompt_lens,
+                                     lengths)
         self.rows.advance(rows, tokens, 1)
+        token_list, logprob_list = self.host.read(tokens, logprobs)
+        check_emitted(token_list)
         now = run.clock()
-        for sample, token, logprob in zip(admitted, tokens.tolist(), logprobs.tolist()):
+        for sample, token, logprob in zip(admitted, token_list, logprob_list):
             sample.first_token_s = now
             self._append(sample, [token], [logprob], 1)
         run.running.extend(admitted)
         self._retire(run)  # a stop id or max_tokens = 1
 
-    def _prefill(self, prompts: torch.Tensor, prompt_lens: torch.Tensor, view: KVCache,
-                 hidden_layers: tuple[int, ...]) -> ModelOutput:
+    def _prefill(self, prompts: torch.Tensor, prompt_lens: torch.Tensor, lengths: list[int],
+                 view: KVCache, hidden_layers: tuple[int, ...]) -> ModelOutput:
         """prompts (B_new, T) right-padded into the empty rows `view`, in column chunks of at
         most prefill_tokens / B_new; returns each row's last-position logits (B_new, 1, V)
-        and the requested layers' (B_new, T, H) outputs, and commits prompt_lens.
+        and the requested layers' (B_new, T, H) outputs, and commits prompt_lens (`lengths`
+        on the host).
 
         Every chunk commits its full width for every row: a row whose prompt ended earlier
         writes padding past its length, which only its own later padding sees (causal), and
@@ -314,25 +358,29 @@ class RolloutEngine:
             logits = out.logits if logits is None else torch.where(ends_here, out.logits, logits)
             for saved, layer in zip(hidden, out.hidden_states):
                 saved.append(layer)
-            view.commit(torch.full_like(prompt_lens, stop - start))
-        view.lengths.copy_(prompt_lens)
+            view.commit(torch.full_like(prompt_lens, stop - start), host=stop - start)
+        view.set_lengths(lengths)
         return ModelOutput(logits, tuple(torch.cat(parts, dim=1) for parts in hidden))
 
     def _step(self, run: _Run) -> None:
         """One decode step over the running rows, with the plan the policy chose for their
         number; then the finished rows retire."""
         batch = len(run.running)
-        started = time.perf_counter()
+        started = self.step_clock.mark()
         plan = None if run.choose is None else run.choose(batch)
         if plan is None:
             self._plain_step(run)
             emitted = batch
         else:
-            run.spec_steps.append(self._speculative_step(run, plan))
-            emitted = run.spec_steps[-1].emitted
-        outcome = StepOutcome(batch, plan, emitted, time.perf_counter() - started)
-        for observer in run.observers:
-            observer(outcome)
+            emitted = self._speculative_step(run, plan)
+        ended = self.step_clock.mark()
+
+        def tell(seconds: list[float]) -> None:
+            outcome = StepOutcome(batch, plan, emitted, seconds[0])
+            for observer in run.observers:
+                observer(outcome)
+
+        self.step_clock.when_timed((started, ended), tell)
         self._retire(run)
         run.steps += 1
         run.trace_time.append(run.clock())
@@ -351,42 +399,55 @@ class RolloutEngine:
         batch = len(run.running)
         view = self.cache.rows(0, batch)
         roots = self.rows.last[:batch]  # (B,)
-        if run.hidden_layers:  # the features too, for the drafter or the harvest
-            out = self.model.step(roots[:, None], view.lengths[:, None], view,
-                                  hidden_layers=run.hidden_layers)
-            logits, hidden = out.logits[:, 0], out.hidden_states  # (B, V), (B, 1, H) each
+        if self.graphs is not None:
+            tokens, logprobs, hidden = self.graphs.plain(batch, run.hidden_layers)
         else:
-            logits, hidden = self.model.next_token_logits(roots, view), ()  # (B, V)
+            if run.hidden_layers:  # the features too, for the drafter or the harvest
+                out = self.model.step(roots[:, None], view.lengths[:, None], view,
+                                      hidden_layers=run.hidden_layers)
+                logits, hidden = out.logits[:, 0], out.hidden_states  # (B, V), (B, 1, H) each
+            else:
+                logits, hidden = self.model.next_token_logits(roots, view), ()  # (B, V)
+            tokens, logprobs = sample_roots(logits, roots, **self.rows.sampling(slice(0, batch)))
         ones = torch.ones(batch, dtype=torch.int64, device=self.device)
-        view.commit(ones)
-        tokens, logprobs = sample_roots(logits, roots, **self.rows.sampling(slice(0, batch)))
+        view.commit(ones, host=1)
+        token_list, logprob_list = self.host.read(tokens, logprobs)  # the step's one host sync
+        check_emitted(token_list)
         committed = _Committed(
             counts=ones, count_list=[1] * batch, emitted=tokens[:, None],
-            emitted_rows=[[token] for token in tokens.tolist()],
-            logprob_rows=[[logprob] for logprob in logprobs.tolist()], last=tokens,
+            emitted_rows=[[token] for token in token_list],
+            logprob_rows=[[logprob] for logprob in logprob_list], last=tokens,
             fed_tokens=roots[:, None], hidden=hidden)
         self._commit(run, committed, drafter_next=False)
+        self.step_clock.poll()  # earlier steps' times, now that the device caught up
 
     # ---- the speculative step ----------------------------------------------------------------
 
-    def _speculative_step(self, run: _Run, plan: DraftPlan) -> SpecStepStats:
+    def _speculative_step(self, run: _Run, plan: DraftPlan) -> int:
         """Draft a tree per row, verify every tree in one target pass, accept each row's path
-        and final token, commit."""
-        batch = len(run.running)
-        started = time.perf_counter()
+        and final token, commit. Returns the tokens emitted; the step's SpecStepStats joins
+        run.spec_steps once its phases are timed (StepClock)."""
+        batch, step = len(run.running), run.steps
+        started = self.step_clock.mark()
         tree = self._draft(run, plan)
-        drafted = time.perf_counter()
-        out, verdict = self._verify(run, plan, tree)
-        verified = time.perf_counter()
+        drafted = self.step_clock.mark()
+        out, verdict, tree = self._verify(run, plan, tree)
+        verified = self.step_clock.mark()
         committed = self._accept(tree, out, verdict)
-        self._commit(run, committed, drafter_next=plan.uses_drafter)
-        done = time.perf_counter()
+        self._commit(run, committed, drafter_next=plan.uses_drafter, width=tree.tokens.shape[1])
+        done = self.step_clock.mark()
         emitted = sum(committed.count_list)
+        drafted_nodes = sum(committed.node_list) - batch
         bucket_rows, bucket_emitted = bucket_counts(committed.context_list, committed.count_list)
-        return SpecStepStats(run.steps, batch, plan.key, int(tree.num_nodes.sum()) - batch,
-                             emitted - batch, emitted, drafted - started, verified - drafted,
-                             done - verified, bucket_rows=bucket_rows,
-                             bucket_emitted=bucket_emitted)
+
+        def record(seconds: list[float]) -> None:
+            run.spec_steps.append(SpecStepStats(
+                step, batch, plan.key, drafted_nodes, emitted - batch, emitted, *seconds,
+                bucket_rows=bucket_rows, bucket_emitted=bucket_emitted))
+
+        self.step_clock.when_timed((started, drafted, verified, done), record)
+        self.step_clock.poll()
+        return emitted
 
     def _draft(self, run: _Run, plan: DraftPlan) -> ops.DraftTree:
         """Every running row's draft tree (B, N), node 0 its root."""
@@ -394,33 +455,39 @@ class RolloutEngine:
         roots = self.rows.last[:batch]  # (B,)
         keys = [sample.key for sample in run.running]
         if not plan.uses_drafter:
-            return plan.draft(DraftContext(roots, keys, run.suffix_index))
+            tree = plan.draft(DraftContext(roots, keys, run.suffix_index))
+            return tree if self.graphs is None else self.graphs.pad_tree(tree)
         self.drafter_rows.flush(batch)  # the drafter needs every committed pair
+        if self.graphs is not None:  # padded to the batch edge
+            return self.graphs.draft(batch, plan, run.suffix_index)
         return plan.draft(DraftContext(roots, keys, run.suffix_index, self.drafter,
                                        self.drafter_rows.rows(batch),
                                        self.drafter_rows.last_hidden[:batch],
                                        self.rows.sampling(slice(0, batch))))
 
     def _verify(self, run: _Run, plan: DraftPlan, tree: ops.DraftTree
-                ) -> tuple[ModelOutput, ops.VerifyOutput]:
+                ) -> tuple[ModelOutput, ops.VerifyOutput, ops.DraftTree]:
         """The target's pass over every tree (causal for chains: node i sees nodes 0..i;
         tree-masked otherwise) and the verification kernel's verdict: each row's accepted path
-        and final (bonus or corrected) token."""
-        batch, N = tree.tokens.shape
+        and final (bonus or corrected) token; with the tree, over the running rows."""
+        batch, N = len(run.running), tree.tokens.shape[1]
+        if self.graphs is not None:  # trees padded to the batch edge: the running rows' part
+            hidden, verdict, tree = self.graphs.verify(batch, plan, tree, run.hidden_layers)
+            return (ModelOutput(None, tuple(h[:batch] for h in hidden)),
+                    _first_rows(verdict, batch), _first_rows(tree, batch))
         view = self.cache.rows(0, batch)
         if plan.is_chain:
             positions = view.lengths[:, None] + torch.arange(N, device=self.device)  # (B, N)
             tree_mask = None
         else:
-            meta = ops.tree_metadata(tree.parents, tree.num_nodes, view.lengths)
+            meta = ops.tree_metadata(tree.parents, tree.num_nodes, view.lengths, validate=False)
             positions, tree_mask = meta.positions, ops.unpack_tree_mask(meta.mask, N)
         out = self.model.step(tree.tokens, positions, view, tree_mask=tree_mask,
                               hidden_layers=run.hidden_layers)  # logits (B, N, V)
         verdict = ops.verify_tree_sampling(
             out.logits, tree.tokens, tree.parents, num_nodes=tree.num_nodes, validate=False,
             draft_probs=tree.draft_probs, **self.rows.sampling(slice(0, batch)))
-        check_emitted(verdict.emitted_tokens[:, 0])
-        return out, verdict
+        return out, verdict, tree
 
     def _accept(self, tree: ops.DraftTree, out: ModelOutput,
                 verdict: ops.VerifyOutput) -> _Committed:
@@ -429,11 +496,14 @@ class RolloutEngine:
         batch = tree.tokens.shape[0]
         counts = verdict.num_accepted.to(torch.int64) + 1  # (B,) tokens each row emits
         view = self.cache.rows(0, batch)
-        context = view.lengths.clone()  # (B,) before compaction grows it
-        view.compact(verdict.accept_index, verdict.num_accepted)
-        # The step's one host sync (the loop branches on the counts); the contexts ride along
-        # for the per-position acceptance stats.
-        count_list, context_list = torch.stack((counts, context)).tolist()
+        context_list = view.host_lengths.tolist()  # (B,) before compaction grows them
+        # The step's one host sync: what the host loop needs, every node's worth (the widths
+        # are not known before it).
+        count_list, node_list, emitted_rows, logprob_rows = self.host.read(
+            counts, tree.num_nodes, verdict.emitted_tokens, verdict.emitted_logprobs)
+        check_emitted([row[0] for row in emitted_rows])
+        view.compact(verdict.accept_index, verdict.num_accepted,
+                     host=[count - 1 for count in count_list], validate=False)
         width = max(count_list)
         path = verdict.accept_index[:, :width].clamp(min=0).long()  # (B, W) accepted nodes
         hidden = tuple(h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
@@ -441,24 +511,28 @@ class RolloutEngine:
         emitted = verdict.emitted_tokens[:, :width]  # (B, W)
         last = emitted.gather(1, (counts - 1)[:, None])[:, 0]  # (B,)
         return _Committed(
-            counts=counts, count_list=count_list, emitted=emitted, emitted_rows=emitted.tolist(),
-            logprob_rows=verdict.emitted_logprobs[:, :width].tolist(), last=last,
-            fed_tokens=tree.tokens.gather(1, path), hidden=hidden, context_list=context_list)
+            counts=counts, count_list=count_list, emitted=emitted, emitted_rows=emitted_rows,
+            logprob_rows=logprob_rows, last=last, fed_tokens=tree.tokens.gather(1, path),
+            hidden=hidden, context_list=context_list, node_list=node_list)
 
     # ---- commit, shared by both steps --------------------------------------------------------
 
-    def _commit(self, run: _Run, committed: _Committed, drafter_next: bool) -> None:
+    def _commit(self, run: _Run, committed: _Committed, drafter_next: bool,
+                width: int = 1) -> None:
         """Brings the drafter along (now if it drafts next, as it most likely does after a step
         it drafted; else as its sync says), appends each row's tokens to its sample up to a stop
         id or max_tokens, hands the committed positions to the harvest, and moves each row's
-        root forward."""
+        root forward. width: the most tokens a row could commit (the tree's nodes)."""
         c = committed
         if run.drafting:
             following = c.emitted.clamp(min=0)  # (B, W); padding past a row's count
-            if drafter_next:
-                self.drafter_rows.extend(0, following, c.hidden, c.counts)
+            if drafter_next and self.graphs is not None:
+                self.graphs.catch_up(len(run.running), following, c.hidden, c.counts,
+                                     c.count_list, width)
+            elif drafter_next:
+                self.drafter_rows.extend(0, following, c.hidden, c.counts, c.count_list)
             else:
-                self.drafter_rows.follow(following, c.hidden, c.counts)
+                self.drafter_rows.follow(following, c.hidden, c.counts, c.count_list)
         kept = [self._append(sample, tokens, logprobs, count) for sample, count, tokens, logprobs
                 in zip(run.running, c.count_list, c.emitted_rows, c.logprob_rows)]
         # a position belongs to the sequence only if the token after it was kept
@@ -517,9 +591,10 @@ class RolloutEngine:
             return
         start = time.perf_counter()
         features = torch.stack(tuple(hidden[:-1]), dim=2)  # (B, W, F, H)
-        # tokens may view per-row state the step is about to overwrite: keep a copy
-        self.harvest.add_step([s.key for s in samples], tokens.clone(), features, hidden[-1],
-                              counts)
+        # tokens may view per-row state the step is about to overwrite, and a captured pass's
+        # outputs are overwritten by its next replay: keep copies
+        self.harvest.add_step([s.key for s in samples], tokens.clone(), features,
+                              hidden[-1].clone(), counts)
         run.harvest_s += time.perf_counter() - start
 
     def _expand(self, requests: Sequence[Request], request_ids: Sequence[int] | None,
@@ -589,10 +664,16 @@ class RolloutEngine:
             self.rows.move(last, row)
             running[row] = running[last]
         running.pop()
-        self.cache.lengths[last] = 0
+        self.cache.set_lengths(0, slice(last, last + 1))
         if run.drafting:
             self.drafter_rows.free_row(last)
         if self.harvest is not None:
             start = time.perf_counter()
             self.harvest.finish(sample.key)
             run.harvest_s += time.perf_counter() - start
+
+
+def _first_rows(record, batch: int):
+    """A record of (B, ...) tensors (DraftTree, VerifyOutput) cut to its first `batch` rows."""
+    return type(record)(*(None if value is None else value[:batch] for value in
+                          (getattr(record, f.name) for f in fields(record))))

@@ -27,22 +27,23 @@ def sample_roots(logits: torch.Tensor, roots: torch.Tensor, *, temperature, top_
                  offset) -> tuple[torch.Tensor, torch.Tensor]:
     """The next token and its target log-prob for each row: logits (B, V) at each row's last
     position, roots (B,) its last token, the per-row sampling tensors (B,) of RowState.sampling.
-    Returns tokens (B,) int64 and logprobs (B,) float32."""
+    Returns tokens (B,) int64 and logprobs (B,) float32. A row whose logits hold NaN or +inf
+    gets token -1: pass the tokens, once on the host, to check_emitted."""
     batch = logits.shape[0]
-    # Parameters are validated once in SamplingParams; the kernel flags a bad row (NaN logits)
-    # with token -1, checked below on this small tensor instead of a full validation pass.
+    # Parameters are validated once in SamplingParams; the kernel flags a bad row with token
+    # -1, checked by the caller on its host copy instead of a validation pass here (a sync).
     out = ops.verify_tree_sampling(
         logits[:, None, :].contiguous(), roots[:, None],
         torch.full((batch, 1), -1, dtype=torch.int32, device=logits.device),
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset,
         validate=False)
-    tokens = out.emitted_tokens[:, 0]  # (B,)
-    check_emitted(tokens)
-    return tokens, out.emitted_logprobs[:, 0]  # (B,), (B,)
+    return out.emitted_tokens[:, 0], out.emitted_logprobs[:, 0]  # (B,), (B,)
 
 
-def check_emitted(first_tokens: torch.Tensor) -> None:
-    """Raises if the kernel flagged a row (token -1: NaN or +inf logits). One host sync."""
-    if bool((first_tokens < 0).any()):
-        row = int(torch.nonzero(first_tokens < 0)[0])
-        raise FloatingPointError(f"logits: row {row} has NaN or +inf logits; the model diverged")
+def check_emitted(first_tokens: list[int]) -> None:
+    """Raises if the kernel flagged a row (token -1: NaN or +inf logits); first_tokens: each
+    row's first emitted token, on the host."""
+    for row, token in enumerate(first_tokens):
+        if token < 0:
+            raise FloatingPointError(f"logits: row {row} has NaN or +inf logits; the model "
+                                     "diverged")

@@ -24,12 +24,14 @@ class AttentionPlan:
 
 
 def attention_plan(shape: torch.Size | tuple[int, int], cache, tree_mask: torch.Tensor | None,
-                   device: torch.device, before: int = 0, static: bool = False) -> AttentionPlan:
+                   device: torch.device, before: int = 0, read_len: int | None = None
+                   ) -> AttentionPlan:
     """shape (B, T) of the new tokens; cache a tlt_core.model.KVCache or None; tree_mask
     (B, T, before + T) bool or None; before: uncommitted slots written by earlier passes (the
-    draft tree's previous levels), after each row's committed ones. static: read all of the
-    cache's slots, with no host sync and no room check (the caller checks room), so the pass
-    has fixed shapes and can be captured in a CUDA graph (tlt_core.adaptive.graph_pool)."""
+    draft tree's previous levels), after each row's committed ones. read_len: None reads the
+    slots some row uses (bounds and the room check from the cache's host mirror: no device
+    read); an int reads exactly that many slots with no room check (the caller's), so the pass
+    has fixed shapes and can be captured in a CUDA graph."""
     B, T = shape
     own = torch.eye(T, dtype=torch.bool, device=device)  # (T, T)
     if cache is None:
@@ -40,12 +42,9 @@ def attention_plan(shape: torch.Size | tuple[int, int], cache, tree_mask: torch.
         return AttentionPlan((tree_mask | own)[:, None], None, T)
     span = before + T  # uncommitted slots the new tokens may see
     lengths = cache.lengths  # (B,) committed slots
-    if static:
-        read_len = cache.shape.max_len
-    else:
-        cache.check_room(torch.full((B,), span, dtype=torch.int64))
-        # One host sync: read only the slots some row uses, not all of T_max.
-        read_len = int(lengths.max()) + span
+    if read_len is None:
+        cache.check_room(span)
+        read_len = cache.longest() + span
     if tree_mask is None:
         allowed = torch.ones(T, span, dtype=torch.bool, device=device).tril(before)
     else:

@@ -15,7 +15,12 @@ How the weights are held is a layout (tlt_core.model.weight_layout): copies made
 themselves ("views", no copy). The parameters stay the one source of truth: a copy is rebuilt
 whenever any of them changed (a tensor's storage and version counter identify its contents), so
 an optimizer step, a load_state_dict or a .to() is seen by the next pass without anyone calling
-a refresh. The pack holds no autograd history: the packed pass is for inference. Logits are
+a refresh. In the views layout (the GPU's) a changed pack is refreshed in place: its few copies
+(joined biases, q/k norms) are written into the tensors already held, so a CUDA graph that
+captured the pass reads the new weights; only when that is impossible (a parameter replaced by
+a tensor of another shape, a copying layout) is the pack rebuilt and `generation` bumped, which
+tells graph owners to capture again. The pack holds no autograd history: the packed pass is for
+inference. Logits are
 computed only at the positions a caller asks for (prefill needs each row's last).
 
 The drafter runs its one layer through the same code (PackedLayers, run_layers).
@@ -127,21 +132,29 @@ class PackedLayers:
         self.sources: list[tuple[dict, str]] = []
         self.key: tuple = ()
         self.eps: torch.Tensor | None = None  # () float32 on the weights' device
+        self.generation = 0  # bumped when the packed tensors are replaced, not refreshed in place
+        self._param_storages: set[int] = set()  # the parameters' storages when last packed
         self.rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin_signed
 
     def rope(self, rotary: nn.Module, positions: torch.Tensor, bound: int, dtype: torch.dtype
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin_signed (B, T, 1, d) at positions (all < bound), looked up in tables the
         rotary module fills (the same float32 math, two index ops instead of eight)."""
+        self.reserve_rope(rotary, bound, dtype, positions.device)
+        cos, sin_signed = self.rope_tables
+        return cos[positions], sin_signed[positions]
+
+    def reserve_rope(self, rotary: nn.Module, bound: int, dtype: torch.dtype,
+                     device: torch.device) -> None:
+        """Tables for positions < bound. A graph owner reserves its largest bound before
+        capturing: a table grown later would be a new tensor that earlier graphs do not read."""
         if self.rope_tables is None or self.rope_tables[0].shape[0] < bound or \
-                self.rope_tables[0].dtype != dtype or self.rope_tables[0].device != positions.device:
+                self.rope_tables[0].dtype != dtype or self.rope_tables[0].device != device:
             size = max(bound, 2 * (0 if self.rope_tables is None else self.rope_tables[0].shape[0]), 256)
-            cos, sin = rotary(torch.arange(size, device=positions.device), dtype)  # (P, d)
+            cos, sin = rotary(torch.arange(size, device=device), dtype)  # (P, d)
             half = cos.shape[-1] // 2
             sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
             self.rope_tables = cos[:, None], sin_signed[:, None]  # (P, 1, d) each
-        cos, sin_signed = self.rope_tables
-        return cos[positions], sin_signed[positions]
 
     def _key(self) -> tuple:
         return tuple((params[name].data_ptr(), params[name]._version)
@@ -155,14 +168,21 @@ class PackedLayers:
                         for name, param in module._parameters.items() if param is not None]
         weight = layers[0].mlp.down_proj.weight
         copy_bytes = sum(params[name].nbytes for params, name in self.sources)
-        self.layout = choose_layout(self.requested_layout(), weight.dtype, weight.device,
-                                    copy_bytes)
-        self.eps = torch.tensor(config.rms_norm_eps, device=weight.device)
-        self.packed = []  # the old pack is freed before the new one is built
+        layout = choose_layout(self.requested_layout(), weight.dtype, weight.device, copy_bytes)
+        if self.eps is None or self.eps.device != weight.device:
+            self.eps = torch.tensor(config.rms_norm_eps, device=weight.device)
+        old = self.packed if layout == self.layout == "views" else []
+        self.packed, self.layout = [], layout  # a copying layout's old pack is freed first
         with torch.no_grad():
-            self.packed = [_pack_layer(layer, config.num_heads, config.num_kv_heads, self.layout)
-                           for layer in layers]
-        self.key = self._key()
+            fresh = [_pack_layer(layer, config.num_heads, config.num_kv_heads, layout)
+                     for layer in layers]
+            if old and _refresh_in_place(old, fresh, self._param_storages):
+                fresh = old
+            else:
+                self.generation += 1
+        self._param_storages = {params[name].untyped_storage().data_ptr()
+                                for params, name in self.sources}
+        self.packed, self.key = fresh, self._key()
         return self.packed
 
     def copy_bytes(self) -> int:
@@ -173,6 +193,38 @@ class PackedLayers:
                    for name in ("qkv", "o", "gate_up", "down"))
 
 
+def _refresh_in_place(old: list[PackedLayer], fresh: list[PackedLayer],
+                      param_storages: set[int]) -> bool:
+    """Writes `fresh`'s values into `old`'s tensors where those are the pack's own copies
+    (param_storages: the storages of the parameters `old` was packed from; a view of one must
+    be a view of the same memory in `fresh`: never written through); False, with nothing
+    written, when some part cannot be refreshed (another shape, a replaced parameter, another
+    module or layout)."""
+    pairs = []
+
+    def collect(a, b) -> bool:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if (a.shape, a.stride(), a.dtype, a.device) != (b.shape, b.stride(), b.dtype, b.device):
+                return False
+            if a.data_ptr() == b.data_ptr():
+                return True
+            if a.untyped_storage().data_ptr() in param_storages:  # a parameter's, replaced
+                return False
+            pairs.append((a, b))
+            return True
+        if isinstance(a, tuple) and isinstance(b, tuple):
+            return len(a) == len(b) and all(collect(x, y) for x, y in zip(a, b))
+        return a is b or a == b  # modules, layout names, None
+
+    if len(old) != len(fresh) or not all(
+            collect(getattr(a, name), getattr(b, name)) for a, b in zip(old, fresh)
+            for name in PackedLayer.__dataclass_fields__):
+        return False
+    for a, b in pairs:
+        a.copy_(b)
+    return True
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     if tensor.layout == torch._mkldnn:  # opaque: its element count is the logical one
         return tensor.numel() * tensor.element_size()
@@ -180,21 +232,20 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None,
-             static: bool = False) -> AttentionPlan:
+             read_len: int | None = None) -> AttentionPlan:
     """attention_plan, short-cut when every row has the same length (a batch of one always
     does): one token per row needs no mask at all, several a causal mask shared by the rows.
-    static: attention_plan's fixed-shape plan, with no short cut (they need a host sync)."""
+    The lengths come from the cache's host mirror (no device read). read_len: attention_plan's
+    fixed-shape plan, with no short cut (a captured graph replays for any lengths)."""
     B, T = input_ids.shape
-    if static:
-        return attention_plan((B, T), cache, tree_mask, input_ids.device, static=True)
-    if tree_mask is not None:
-        return attention_plan((B, T), cache, tree_mask, input_ids.device)
+    if read_len is not None or tree_mask is not None:
+        return attention_plan((B, T), cache, tree_mask, input_ids.device, read_len=read_len)
     lengths = cache.lengths
-    shortest, longest = (int(n) for n in torch.aminmax(lengths))  # one host sync
+    shortest, longest = int(cache.host_lengths.min()), int(cache.host_lengths.max())
     if T > 1 and shortest != longest:
         return attention_plan((B, T), cache, None, input_ids.device)
     if longest + T > cache.shape.max_len:
-        cache.check_room(torch.full_like(lengths, T))  # raises, naming the row
+        cache.check_room(T)  # raises, naming the row
     device, read_len = input_ids.device, longest + T
     if T == 1:  # no mask when all rows are equal; else each row's prefix and its new slot
         mask = (None if shortest == longest else
@@ -294,9 +345,17 @@ class PackedDecoder:
         """Memory the packed copies take beyond the parameters."""
         return self.layers.copy_bytes() + self.head.copy_bytes()
 
+    def refresh(self) -> tuple[int, int]:
+        """Brings the pack up to date with the parameters now (a captured graph never runs the
+        pass's own check); returns the generations of the layers' and the head's packs, which
+        change only when their tensors were replaced."""
+        self.layers.get()
+        self.head.refresh(self.model.lm_head.weight, self.layers.layout)
+        return self.layers.generation, self.head.generation
+
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
-                 tree_mask: torch.Tensor | None, hidden_layers: list[int], static: bool = False,
-                 logit_index: torch.Tensor | None = None
+                 tree_mask: torch.Tensor | None, hidden_layers: list[int],
+                 read_len: int | None = None, logit_index: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Transformer.forward with a cache, for inference: input_ids, positions (B, T) int64;
         returns logits (B, T, V) float32 — or (B, P, V) at logit_index (B, P), the positions
@@ -304,7 +363,7 @@ class PackedDecoder:
         `hidden_layers` (non-negative indices). Inputs are checked by the Transformer."""
         model, stack = self.model, self.model.model
         B, T = input_ids.shape
-        plan = plan_for(input_ids, cache, tree_mask, static)
+        plan = plan_for(input_ids, cache, tree_mask, read_len)
         h = F.embedding(input_ids.reshape(B * T), stack.embed_tokens.weight)  # (B T, H)
         cache_layers = [cache.data[i] for i in range(model.config.num_layers)]
         h, saved = run_layers(self.layers, h, positions, stack.rotary_emb, cache_layers, plan,

@@ -372,12 +372,14 @@ class Transformer(nn.Module):
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
              tree_mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = (),
-             static: bool = False, logit_index: torch.Tensor | None = None) -> ModelOutput:
+             read_len: int | None = None, logit_index: torch.Tensor | None = None
+             ) -> ModelOutput:
         """forward() with a cache, for inference (no autograd through the weights): the same
         contract and results (tests hold it to forward), in the fewest ops per layer
         (tlt_core.model.packed), since a small model's inference is bound by per-op overhead.
-        Prefill, decoding and tree verification all go through here. static: fixed shapes,
-        no host sync, no room check (the caller's): capturable in a CUDA graph. logit_index
+        Prefill, decoding and tree verification all go through here. read_len: attend over
+        exactly that many cache slots, with no room check (the caller's): fixed shapes for any
+        lengths, capturable in a CUDA graph (None: the slots some row uses). logit_index
         (B, P) int64: logits only at those positions, (B, P, V) (at a real vocabulary, logits
         at every prompt position are most of prefill's memory)."""
         self._check_inputs(input_ids, positions, cache, tree_mask)
@@ -386,7 +388,7 @@ class Transformer(nn.Module):
             raise ValueError(f"logit_index: expected ({input_ids.shape[0]}, P) int64, got "
                              f"{tuple(logit_index.shape)} {logit_index.dtype}")
         wanted = [self._layer_index(i) for i in hidden_layers]
-        logits, hidden = self._decoder(input_ids, positions, cache, tree_mask, wanted, static,
+        logits, hidden = self._decoder(input_ids, positions, cache, tree_mask, wanted, read_len,
                                        logit_index)
         return ModelOutput(logits, hidden)
 
@@ -394,6 +396,20 @@ class Transformer(nn.Module):
     def inference_layout_in_use(self) -> str:
         """The layout `step` last packed its weights in ("auto" resolved)."""
         return self._decoder.layers.layout
+
+    def refresh_inference(self) -> tuple[int, int]:
+        """Brings step()'s packed weights up to date with the parameters now; returns their
+        generations, which change only when the packed tensors were replaced (a parameter
+        replaced by another shape or storage) rather than refreshed in place: what a CUDA
+        graph of step() must be captured again after."""
+        return self._decoder.refresh()
+
+    def reserve_positions(self, bound: int) -> None:
+        """Precomputes step()'s RoPE tables for positions < bound: what a CUDA graph of step()
+        reads must not be replaced by a larger table later."""
+        weight = self.model.embed_tokens.weight
+        self._decoder.layers.reserve_rope(self.model.rotary_emb, bound, weight.dtype,
+                                          weight.device)
 
     def inference_copy_bytes(self) -> int:
         """Memory `step`'s packed weights take beyond the parameters (0 in the views layout)."""

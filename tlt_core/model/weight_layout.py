@@ -111,11 +111,18 @@ class PackedMatrix:
         self._source: torch.Tensor | None = None
         self._key: tuple = ()
         self._packed: torch.Tensor | None = None
+        # bumped when the pack is other memory than before (in the views layout: the source
+        # was replaced, not written in place): a CUDA graph that read the old one is stale
+        self.generation = 0
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  layout: str | None = None) -> torch.Tensor:
         """x (M, in) @ weight.T (+ bias) -> (M, out), weight (out, in); layout: "onednn" or
         "views" ("fold" means views here), None: chosen for the weight."""
+        return matmul(x, self.refresh(weight, layout), self.layout, bias)
+
+    def refresh(self, weight: torch.Tensor, layout: str | None = None) -> torch.Tensor:
+        """The pack of `weight` (arguments as in __call__), packed again if it changed."""
         version = None if weight.is_inference() else weight._version
         key = (weight.data_ptr(), weight.shape, weight.stride(), version, weight.dtype,
                weight.device, layout)
@@ -123,11 +130,15 @@ class PackedMatrix:
             if layout is None:
                 layout = choose_layout("auto", weight.dtype, weight.device, weight.nbytes)
             self.layout = "onednn" if layout == "onednn" else "views"
+            before = None if self._packed is None else (self._packed.data_ptr()
+                                                        if self.layout == "views" else -1)
             self._packed = None  # the old pack is freed before the new one is built
             with torch.no_grad():
                 self._packed = pack_matrix(weight.detach(), self.layout)
+            if before is None or self.layout != "views" or self._packed.data_ptr() != before:
+                self.generation += 1
             self._source, self._key = weight, key
-        return matmul(x, self._packed, self.layout, bias)
+        return self._packed
 
     def copy_bytes(self) -> int:
         """Memory the pack takes beyond its source (0 when it is the source)."""

@@ -13,6 +13,7 @@ committed token, not yet in the KV cache), parents[:, 0] = -1 and parents[b, i] 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -126,7 +127,8 @@ def select_tree(cand_tokens: Any, cand_scores: Any, cand_parents: Any, root_toke
     min-ed along the path), so the result is ancestor-closed; nodes come out by depth, siblings
     by score. Ragged rows (fewer valid candidates) are padded; see DraftTree.num_nodes.
     validate=False skips the host-side NaN and parent checks (and their host syncs) for
-    candidates a trusted drafting loop built; the kernel still flags bad rows.
+    candidates a trusted drafting loop built, and the kernel's row-status check (one more),
+    leaving a bad row's output undefined.
     """
     kind = arr.array_kind(cand_scores)
     scores = arr.as_tensor(cand_scores, "cand_scores")
@@ -159,17 +161,21 @@ def select_tree(cand_tokens: Any, cand_scores: Any, cand_parents: Any, root_toke
                    num_candidates, num_nodes, arr.ptr(out_tokens), arr.ptr(out_parents),
                    arr.ptr(source_index), arr.ptr(out_num_nodes), arr.ptr(row_status),
                    *arr.launch_target(device))
-    _raise_row_status(row_status)
+    if validate:
+        _raise_row_status(row_status)
     return DraftTree(*(arr.give_back(t, kind) for t in (out_tokens, out_parents, source_index, out_num_nodes)))
 
 
-def tree_metadata(parents: Any, num_nodes: Any = None, cache_len: Any = None) -> TreeMetadata:
+def tree_metadata(parents: Any, num_nodes: Any = None, cache_len: Any = None, *,
+                  validate: bool = True) -> TreeMetadata:
     """Depths, positions (cache_len + depth) and the bit-packed ancestor mask of a tree.
 
     parents (B, N) int; num_nodes (B,) int or None (all N valid); cache_len (B,) int or None
     (0): committed tokens already in the cache, so the root sits at position cache_len.
     The mask is (B, N, ceil(N/32)) int32: node j is bit (j & 31) of word (j >> 5) of row i iff
     j is i or an ancestor of i. unpack_tree_mask turns it into a bool (B, N, N) mask.
+    validate=False skips the host-side checks and the row-status check (host syncs) for a tree
+    that select_tree or a drafting loop built; a bad row's output is then undefined.
     """
     kind = arr.array_kind(parents)
     parents_t = arr.as_tensor(parents, "parents")
@@ -178,9 +184,10 @@ def tree_metadata(parents: Any, num_nodes: Any = None, cache_len: Any = None) ->
     batch, n_max = parents_t.shape
     cache_len_t = (None if cache_len is None else
                    arr.integer_tensor(cache_len, "cache_len", torch.int32, device, (batch,)))
-    if cache_len_t is not None and bool((cache_len_t < 0).any()):
-        raise ValueError("cache_len: must be >= 0")
-    _check_tree(None, parents_t, num_nodes_t, None)
+    if validate:
+        if cache_len_t is not None and bool((cache_len_t < 0).any()):
+            raise ValueError("cache_len: must be >= 0")
+        _check_tree(None, parents_t, num_nodes_t, None)
     depths = torch.empty((batch, n_max), dtype=torch.int32, device=device)
     positions = torch.empty((batch, n_max), dtype=torch.int64, device=device)
     mask = torch.empty((batch, n_max, (n_max + 31) // 32), dtype=torch.int32, device=device)
@@ -188,7 +195,8 @@ def tree_metadata(parents: Any, num_nodes: Any = None, cache_len: Any = None) ->
     _C.tree_metadata(arr.ptr(parents_t), arr.ptr(num_nodes_t), arr.ptr(cache_len_t), batch, n_max,
                      arr.ptr(depths), arr.ptr(positions), arr.ptr(mask), arr.ptr(row_status),
                      *arr.launch_target(device))
-    _raise_row_status(row_status)
+    if validate:
+        _raise_row_status(row_status)
     return TreeMetadata(*(arr.give_back(t, kind) for t in (depths, positions, mask)))
 
 
@@ -327,11 +335,9 @@ def compact_kv_(cache: Any, accept_index: Any, num_accepted: Any, cache_len: Any
         raise ValueError(f"batch_dim / seq_dim: need batch_dim before seq_dim in a cache of "
                          f"shape {tuple(cache_t.shape)}")
     shape = cache_t.shape
-    planes = int(torch.tensor(shape[:b_dim]).prod()) if b_dim else 1
-    batch = shape[b_dim]
-    groups = int(torch.tensor(shape[b_dim + 1:t_dim]).prod()) if t_dim > b_dim + 1 else 1
-    max_len = shape[t_dim]
-    entry_bytes = cache_t.element_size() * (int(torch.tensor(shape[t_dim + 1:]).prod()) if t_dim + 1 < ndim else 1)
+    planes, batch = math.prod(shape[:b_dim]), shape[b_dim]
+    groups, max_len = math.prod(shape[b_dim + 1:t_dim]), shape[t_dim]
+    entry_bytes = cache_t.element_size() * math.prod(shape[t_dim + 1:])
     device = cache_t.device
     accept_t = arr.integer_tensor(accept_index, "accept_index", torch.int32, device, (batch, None))
     n_max = accept_t.shape[1]

@@ -1,19 +1,22 @@
-"""CUDA graphs of the target's fixed-shape passes, per (batch bucket, tokens per row), in one
-shared memory pool.
+"""CUDA graphs of fixed-shape passes, per key, in one shared memory pool (or one per graph, to
+measure what sharing saves).
 
 A decode or verify pass of a small batch is bound by kernel launches; a CUDA graph replays the
-whole pass as one launch. Shapes must be fixed, so a pass is captured per key — the running
-batch padded up to its bucket's edge, and the tokens per row (1 for decode, N for a strategy
-verifying N nodes: strategies with the same N share one graph) — with `Transformer.step(...,
-static=True)` (it reads every cache slot, with no host sync). All graphs allocate from one pool:
-only one runs at a time, so their intermediate buffers can overlap, which is what makes keeping
-a graph for every bucket and strategy affordable (TLT reports 30.4 GB naive -> 10.7 GB).
+whole pass as one launch. Shapes must be fixed, so a pass is captured per key (the engine's
+keys: tlt_core.engine.step_graphs). Graphs sharing one pool may overlap their intermediate
+buffers, since only one runs at a time: that is what makes keeping a graph for every bucket and
+strategy affordable (TLT reports 30.4 GB naive -> 10.7 GB).
 
 `run(key, fn, *inputs)`: on CUDA, the first call for a key captures fn (in `_capture`, the one
-place that captures), later calls copy the inputs into the graph's static inputs and replay; the
-outputs are the graph's static tensors, valid until the next replay of that key. On the CPU (or
-with enabled=False) it calls fn eagerly: the same interface. Memory: `capture_bytes` per key is
-what each capture added to reserved memory; `reserved_bytes` their total.
+place that captures: `eager_runs` warm-up calls of fn run for real first, on a side stream, so
+fn must be harmless to run: the engine's passes only write uncommitted cache slots), later
+calls copy the inputs into the graph's static inputs and replay. The outputs are the graph's
+static tensors. They are valid until the next replay of that key, and, in a shared pool, of any
+graph captured before it (whose intermediates may lie where this graph's outputs do): a caller
+copies what it keeps across replays. The static inputs are ordinary allocations, stable until
+`clear`. On the CPU (or with enabled=False) it calls fn eagerly: the same interface. Memory:
+`capture_bytes` per key is what each capture added to reserved memory; `reserved_bytes` their
+total.
 """
 
 from __future__ import annotations
@@ -49,6 +52,20 @@ class GraphPool:
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._graphs
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def static_inputs(self, key: Hashable) -> tuple[torch.Tensor, ...]:
+        """The buffers a captured key's inputs are copied into (stable until clear)."""
+        return self._graphs[key].inputs
+
+    def clear(self) -> None:
+        """Drops every graph (what they read was replaced): the next run of a key captures."""
+        self._graphs.clear()
+        self.capture_bytes.clear()
+        if self.enabled and self._pool is not None:
+            self._pool = torch.cuda.graph_pool_handle()
 
     def run(self, key: Hashable, fn: Callable[..., Any], *inputs: torch.Tensor) -> Any:
         if not self.enabled:
