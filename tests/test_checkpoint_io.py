@@ -1,21 +1,27 @@
 """Checkpoint folders (tlt_core.rl.checkpoint_io): a nested state round-trips exactly, RNG
 states included; what it cannot store is refused by path before anything is written; reading
-runs no code and refuses what it cannot trust; a crash mid-write leaves the previous checkpoint
-as it was; the newest K step folders are kept."""
+runs no code and refuses what it cannot trust; a crash or a failed write (disk full, no
+permission) mid-write leaves the previous checkpoint as it was and no temporary behind, and the
+error names the path; the newest K step folders are kept."""
 
 import collections
+import errno
 import json
 import math
+import os
+import pickle
 import random
+import re
 
 import pytest
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from tests.speculative_fixtures import tiny_target
 import tlt_core.rl.checkpoint_io as checkpoint_io
-from tlt_core.rl.checkpoint_io import (STATE_FILE, TENSORS_FILE, atomic_folder, latest_checkpoint,
-                                       read_state, step_folders, write_checkpoint, write_state)
+from tlt_core.rl.checkpoint_io import (STATE_FILE, TENSORS_FILE, atomic_file, atomic_folder,
+                                       latest_checkpoint, read_state, step_folders,
+                                       write_checkpoint, write_state)
 
 
 def assert_same(a, b, path="state"):
@@ -172,6 +178,76 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch)
     write_checkpoint(directory, 2, {"step": 2})  # the next write clears the temporary folder
     assert sorted(p.name for p in directory.iterdir()) == ["step-000001", "step-000002",
                                                            "step-000004"]
+
+
+class Payload:
+    """Unpickled, it creates `marker`: what a planted checkpoint would run."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_nothing_loaded_runs_code_from_a_planted_pickle(tmp_path):
+    """A pickle with a payload, planted as a single-file checkpoint or as either file of a
+    checkpoint folder, is refused with what was expected, and its payload never runs."""
+    live = tmp_path / "live"
+    pickle.loads(pickle.dumps(Payload(live)))  # the payload is real: unpickling runs it
+    assert live.exists()
+    marker = tmp_path / "ran"
+    torch.save({"step": 1, "x": Payload(marker)}, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="single file, not a checkpoint folder.*older tlt_core"):
+        read_state(tmp_path / "checkpoint.pt")
+    for name in (STATE_FILE, TENSORS_FILE):
+        folder = write_state({"w": torch.ones(2)}, tmp_path / name)
+        torch.save({"x": Payload(marker)}, folder / name)
+        with pytest.raises(ValueError, match=f"{name} is not .*not written by tlt_core"):
+            read_state(folder)
+    assert not marker.exists()
+
+
+def test_nothing_a_user_gave_is_lost_when_a_write_fails(tmp_path, monkeypatch):
+    """Disk full or no permission while writing a checkpoint: an OSError of that errno naming
+    the step folder; the previous checkpoint as it was; no temporary folder or file left."""
+    directory = tmp_path / "checkpoints"
+    first = write_checkpoint(directory, 1, {"w": torch.ones(3), "step": 1})
+    step2 = re.escape(str(directory / "step-000002"))
+
+    def disk_full(tensors, path, metadata=None):  # half a file, then ENOSPC
+        with open(path, "wb") as handle:
+            handle.write(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    failures = [(disk_full, OSError, errno.ENOSPC, "No space left on device"),
+                (SafetensorError("Error while serializing: I/O error: No space left on device "
+                                 "(os error 28)"), OSError, errno.ENOSPC, "os error 28"),
+                (PermissionError(errno.EACCES, "Permission denied"), PermissionError,
+                 errno.EACCES, "Permission denied")]
+    for failure, kind, number, reason in failures:
+        if isinstance(failure, BaseException):
+            def failure(tensors, path, metadata=None, error=failure):
+                raise error
+        monkeypatch.setattr(checkpoint_io, "save_file", failure)
+        with pytest.raises(kind, match=f"cannot write {step2}: .*{reason}") as caught:
+            write_checkpoint(directory, 2, {"w": torch.zeros(3), "step": 2})
+        assert caught.value.errno == number
+        assert list(directory.iterdir()) == [first]
+        assert_same(read_state(first), {"w": torch.ones(3), "step": 1})
+    monkeypatch.undo()
+
+    path = tmp_path / "notes.json"
+    path.write_text("before")
+    with pytest.raises(OSError, match=f"cannot write {re.escape(str(path))}: No space"), \
+            atomic_file(path) as temporary:
+        temporary.write_text("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert path.read_text() == "before"
+    with atomic_file(path) as temporary:
+        temporary.write_text("after")
+    assert path.read_text() == "after"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "notes.json"]
 
 
 def test_the_newest_k_step_folders_are_kept(tmp_path, monkeypatch):

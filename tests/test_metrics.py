@@ -1,9 +1,13 @@
 """Metrics: the documented table is exactly what the GRPO driver emits, docs/metrics.md is the
-table, metrics.jsonl is always written (fresh, resumed, rank 0 only), TensorBoard scalars carry
-the same names when the tensorboard package is installed, and `tlt train` writes both."""
+table, metrics.jsonl is always written (fresh, resumed, rank 0 only) and only ever holds whole
+records, TensorBoard scalars carry the same names when the tensorboard package is installed,
+and `tlt train` writes both."""
 
+import errno
 import json
 import math
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +71,52 @@ def test_jsonl_fresh_resumed_and_rank_zero_only(tmp_path, records):
     assert not (tmp_path / "other").exists()
     MetricsWriter(tmp_path).close()  # a fresh run starts empty
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_nothing_a_user_gave_is_lost_when_a_metrics_write_fails(tmp_path, records,
+                                                                 monkeypatch):
+    """Disk full mid-line (or at the fsync): the OSError names metrics.jsonl, the file keeps the
+    earlier records and no torn line; a resumed run's rewrite that fails leaves it too."""
+    run = records["tlt"]
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsWriter(tmp_path)
+    writer.write(run[0])
+    before = path.read_bytes()
+    real_write, real_fsync = os.write, os.fsync
+
+    def ours(descriptor):
+        return os.readlink(f"/proc/self/fd/{descriptor}") == str(path)
+
+    def half_then_full(descriptor, data):
+        if not ours(descriptor):
+            return real_write(descriptor, data)
+        real_write(descriptor, data[:len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def failing_fsync(descriptor):
+        if ours(descriptor):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_fsync(descriptor)
+
+    for name, failure in (("write", half_then_full), ("fsync", failing_fsync)):
+        with monkeypatch.context() as patch:
+            patch.setattr(os, name, failure)
+            with pytest.raises(OSError, match=f"cannot write {re.escape(str(path))}"):
+                writer.write(run[1])
+        assert path.read_bytes() == before
+    writer.write(run[1])
+    assert [json.loads(line) for line in path.read_text().splitlines()] == \
+        json.loads(json.dumps(run))
+    before = path.read_bytes()
+    def no_permission(*paths):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "replace", no_permission)
+        with pytest.raises(PermissionError, match=f"cannot write {re.escape(str(path))}"):
+            MetricsWriter(tmp_path, history=run[:1])
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 
 def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:

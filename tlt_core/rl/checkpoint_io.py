@@ -18,7 +18,10 @@ Writes are atomic (`atomic_folder`): the files go into a temporary sibling folde
 (".NAME.tmp-..."), are fsync'd with the folder, which is then renamed into place, and the parent
 is fsync'd. A reader sees no folder or the complete one, never a part; a crash leaves at most a
 temporary folder, which nothing reads. (Replacing a folder that exists takes two renames, the
-old one aside first: for that instant there is none.)
+old one aside first: for that instant there is none.) `atomic_file` does the same for one file
+(os.replace over the old one). A write that fails (disk full, no permission) deletes its
+temporary, leaves what was there as it was, and raises an OSError naming the folder or file it
+was writing (`failed_write`): the OS's own error names a temporary file, or nothing.
 
 Step checkpoints: `write_checkpoint(directory, step, state, keep=K)` writes
 `directory/step-000004/` (the state after that many steps), then deletes all but the newest K
@@ -52,6 +55,7 @@ STEP_PREFIX = "step-"
 TEMPORARY_MARK = ".tmp-"
 _STEP_NAME = re.compile(rf"{STEP_PREFIX}(\d{{6,}})")
 _TAGS = ("__tensor__", "__tuple__", "__float__", "__bytes__", "__dict__")
+_FAILED_WRITE = "cannot write "
 
 
 # ---- folders of step checkpoints -----------------------------------------------------------
@@ -107,7 +111,10 @@ def write_state(state: dict, folder: str | Path) -> Path:
     store = _TensorStore()
     encoded = _encode(state, (), store)  # refuses before anything is written
     with atomic_folder(folder) as temporary:
-        save_file(store.tensors, str(temporary / TENSORS_FILE), metadata={"format": "pt"})
+        try:
+            save_file(store.tensors, str(temporary / TENSORS_FILE), metadata={"format": "pt"})
+        except SafetensorError as error:  # how safetensors reports its I/O errors
+            raise failed_write(folder, error) from error
         text = json.dumps({"format": FORMAT, "state": encoded}, allow_nan=False)
         (temporary / STATE_FILE).write_text(text + "\n", encoding="utf-8")
     return Path(folder)
@@ -117,27 +124,31 @@ def read_state(folder: str | Path) -> dict:
     """The state `write_state` wrote into `folder`, tensors on the CPU."""
     folder = Path(folder)
     if folder.is_file():
-        raise ValueError(f"checkpoint: {folder} is a single file (torch.save), written by an "
-                         "older tlt_core, whose checkpoints this version does not read; start a "
-                         "new run")
+        raise ValueError(f"checkpoint: {folder} is a single file, not a checkpoint folder "
+                         f"({STATE_FILE} + {TENSORS_FILE}); a single-file checkpoint.pt is "
+                         "written by an older tlt_core, whose pickled checkpoints this version "
+                         "does not read (unpickling one can run any code); start a new run")
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint: no checkpoint folder at {folder}")
     for name in (STATE_FILE, TENSORS_FILE):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"checkpoint: {folder} has no {name}")
+    damaged = ("; it was not written by tlt_core or is damaged: resume from another "
+               "checkpoint or start a new run")
     try:
         record = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"checkpoint: {folder / STATE_FILE} is not valid JSON ({error})") from None
+        raise ValueError(f"checkpoint: {folder / STATE_FILE} is not valid JSON ({error}), "
+                         f"expected a checkpoint's state in format {FORMAT!r}{damaged}") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         found = record.get("format") if isinstance(record, dict) else None
         raise ValueError(f"checkpoint: {folder / STATE_FILE} has format {found!r}, expected "
-                         f"{FORMAT!r}")
+                         f"{FORMAT!r}{damaged}")
     try:
         tensors = load_file(str(folder / TENSORS_FILE), device="cpu")
     except SafetensorError as error:
         raise ValueError(f"checkpoint: {folder / TENSORS_FILE} is not a readable safetensors "
-                         f"file ({error})") from None
+                         f"file ({error}){damaged}") from None
     state = _decode(record.get("state"), tensors, folder)
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint: {folder / STATE_FILE} holds no state dict")
@@ -152,25 +163,69 @@ def atomic_folder(folder: str | Path) -> Iterator[Path]:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"folder: {folder} exists and is not a folder")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    temporary = folder.parent / f".{folder.name}{TEMPORARY_MARK}{os.getpid()}-{uuid.uuid4().hex}"
-    temporary.mkdir()
+    temporary = _temporary_sibling(folder)
     try:
-        yield temporary
-        for path in sorted(temporary.rglob("*"), reverse=True):  # files before their folders
-            _fsync(path)
-        _fsync(temporary)
-        if folder.exists():  # a directory cannot be renamed over a non-empty one: swap
-            previous = folder.parent / f".{folder.name}{TEMPORARY_MARK}old-{uuid.uuid4().hex}"
-            folder.rename(previous)
-            temporary.rename(folder)
-            shutil.rmtree(previous)
-        else:
-            temporary.rename(folder)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    _fsync(folder.parent)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        temporary.mkdir()
+        try:
+            yield temporary
+            for path in sorted(temporary.rglob("*"), reverse=True):  # files before folders
+                _fsync(path)
+            _fsync(temporary)
+            if folder.exists():  # a directory cannot be renamed over a non-empty one: swap
+                previous = folder.parent / f".{folder.name}{TEMPORARY_MARK}old-{uuid.uuid4().hex}"
+                folder.rename(previous)
+                temporary.rename(folder)
+                shutil.rmtree(previous)
+            else:
+                temporary.rename(folder)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        _fsync(folder.parent)
+    except OSError as error:
+        raise failed_write(folder, error) from error
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yields a temporary sibling of the file `path` to write; on a clean exit it is fsync'd,
+    replaces `path` and the folder is fsync'd; on an exception it is deleted and `path` is left
+    as it was (module docstring)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"path: {path} is a folder, expected a file")
+    temporary = _temporary_sibling(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            yield temporary
+            _fsync(temporary)
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        _fsync(path.parent)
+    except OSError as error:
+        raise failed_write(path, error) from error
+
+
+def failed_write(path: str | Path, error: OSError | SafetensorError) -> OSError:
+    """An OSError saying that writing `path` failed and why, with error's errno (so of the same
+    subclass: PermissionError for EACCES); one that does already is returned as it is."""
+    if isinstance(error, OSError) and (error.strerror or str(error)).startswith(_FAILED_WRITE):
+        return error
+    number = getattr(error, "errno", None)
+    if number is None:  # safetensors' message ends in "(os error N)"
+        found = re.search(r"os error (\d+)", str(error))
+        number = int(found.group(1)) if found else None
+    reason = getattr(error, "strerror", None) or str(error)
+    message = f"{_FAILED_WRITE}{path}: {reason}"
+    return OSError(number, message) if number is not None else OSError(message)
+
+
+def _temporary_sibling(path: Path) -> Path:
+    return path.parent / f".{path.name}{TEMPORARY_MARK}{os.getpid()}-{uuid.uuid4().hex}"
 
 
 def _fsync(path: Path) -> None:

@@ -14,19 +14,28 @@ acceptance length in a step without speculation, is skipped) and the response le
 histogram, through `torch.utils.tensorboard.SummaryWriter`. TensorBoard is optional: the
 `tensorboard` package is not a dependency (`pip install tensorboard`).
 
+metrics.jsonl only ever holds whole records: a line is appended and fsync'd, and an append that
+fails (disk full, no permission) is cut back off before the OSError, which names the file, is
+raised; a resumed run's rewrite replaces the file atomically (checkpoint_io.atomic_file). Lines
+are appended rather than the file rewritten each step because a record carries the step's
+rollout trace: rewriting would cost O(steps^2) bytes over a run.
+
 Rank-local values: in a multi-process run a step's timings, trace and speculation counters are
 those of the rank that writes (rank 0); rewards, lengths and losses cover every rank's samples.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from tlt_core.engine.records import POSITION_BUCKET_EDGES, POSITION_BUCKET_LABELS
+from tlt_core.rl.checkpoint_io import atomic_file, failed_write
 
 
 def _bucket_range(bucket: int) -> str:
@@ -105,8 +114,32 @@ def tensorboard_available() -> bool:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    with Path(path).open("a") as handle:
-        handle.write(json.dumps(record) + "\n")
+    """Appends `record` as one line of `path`, fsync'd; on an OSError the file is left as it
+    was (module docstring) and the error names `path`."""
+    data = (json.dumps(record) + "\n").encode("utf-8")
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise failed_write(path, error) from error
+    try:
+        size = os.fstat(descriptor).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(descriptor, data[written:])
+            os.fsync(descriptor)
+        except OSError as error:
+            with contextlib.suppress(OSError):  # the write's error is the one to report
+                os.ftruncate(descriptor, size)  # no torn line for a reader or a resumed run
+            raise failed_write(path, error) from error
+    finally:
+        os.close(descriptor)
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    """`records`, one line each, as the file `path`, atomically."""
+    with atomic_file(path) as temporary:
+        temporary.write_text("".join(json.dumps(m) + "\n" for m in records), encoding="utf-8")
 
 
 class MetricsWriter:
@@ -133,7 +166,7 @@ class MetricsWriter:
             for old in self.folder.glob(TENSORBOARD_EVENTS):
                 old.unlink()
         else:
-            self.jsonl_path.write_text("".join(json.dumps(m) + "\n" for m in history))
+            write_jsonl(self.jsonl_path, history)
         if tensorboard:
             if not tensorboard_available():
                 raise ImportError("tensorboard: the package is not installed; pip install "
