@@ -75,3 +75,31 @@ def test_philox_kernel_matches_reference():
     got = ops.philox_uniforms(seeds, offsets, 37)
     assert torch.equal(got, reference.philox_uniforms(seeds, offsets, 37))
     assert float(got.min()) >= 0.0 and float(got.max()) < 1.0
+
+
+def test_every_op_takes_an_empty_batch():
+    """B = 0 gives empty outputs of the right shapes (the sampling kernel cannot take B = 0:
+    an empty per-row array has a null data pointer)."""
+    logits, tokens = torch.zeros(0, 3, 5), torch.zeros(0, 3, dtype=torch.long)
+    parents = torch.zeros(0, 3, dtype=torch.int32)
+    for out in (ops.verify_tree_greedy(logits, tokens, parents),
+                ops.verify_tree_sampling(logits, tokens, parents, temperature=1.0, seed=0),
+                ops.verify_tree_sampling(logits, tokens, parents, temperature=torch.zeros(0),
+                                         top_k=torch.zeros(0, dtype=torch.int32),
+                                         top_p=torch.ones(0), uniforms=torch.zeros(0, 3),
+                                         draft_probs=torch.zeros(0, 3, 5), validate=False)):
+        assert out.accept_index.shape == out.emitted_tokens.shape == (0, 3)
+        assert out.num_accepted.shape == (0,)
+    meta = ops.tree_metadata(parents, torch.zeros(0, dtype=torch.int32),
+                             torch.zeros(0, dtype=torch.long))
+    assert meta.mask.shape == (0, 3, 1) and meta.positions.shape == (0, 3)
+    assert ops.unpack_tree_mask(meta.mask, 3).shape == (0, 3, 3)
+    tree = ops.select_tree(torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, 4),
+                           torch.zeros(0, 4, dtype=torch.int32),
+                           torch.zeros(0, dtype=torch.long), 3)
+    assert tree.tokens.shape == (0, 3) and tree.num_nodes.shape == (0,)
+    cache = torch.zeros(2, 0, 1, 4, 2)
+    assert ops.compact_kv_(cache, torch.zeros(0, 3, dtype=torch.int32),
+                           torch.zeros(0, dtype=torch.int32),
+                           torch.zeros(0, dtype=torch.int32)) is cache
+    assert ops.philox_uniforms(torch.zeros(0, dtype=torch.long), 0, 5).shape == (0, 5)

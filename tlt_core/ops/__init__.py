@@ -9,6 +9,14 @@ Notation: B rows, N tree nodes, V vocabulary, M draft candidates, W = ceil(N / 3
 p_target is the target's (temperature / top-k / top-p transformed) distribution, q_draft the
 drafter's. A draft tree is tokens[B, N] and parents[B, N]: node 0 is the root (the last
 committed token, not yet in the KV cache), parents[:, 0] = -1 and parents[b, i] < i.
+
+validate: dtypes, shapes, devices and arguments given as Python numbers are always checked, as
+that reads no tensor. validate=True also checks the values of arrays (trees, ranges, the
+kernels' row status), which on a device is a host sync; validate=False skips those for inputs a
+trusted loop built (the engine's), and a row with a bad value then gets an undefined, padded
+output. Integers are never silently narrowed: an array value outside the int32 the kernel reads
+raises with validate=True and saturates without it (tlt_core.ops._arrays), so it stays invalid.
+Empty batches (B = 0) give empty outputs.
 """
 
 from __future__ import annotations
@@ -25,41 +33,60 @@ from tlt_core.ops.records import DraftTree, TreeMetadata, VerifyOutput
 __all__ = [
     "DraftTree", "TreeMetadata", "VerifyOutput", "select_tree", "tree_metadata",
     "unpack_tree_mask", "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
-    "philox_uniforms", "built_with_cuda",
+    "philox_uniforms", "built_with_cuda", "MIN_TEMPERATURE",
 ]
 
 built_with_cuda: bool = _C.built_with_cuda
 
-# RowStatus codes of csrc/include/tlt/common.h -> (argument, problem).
-_ROW_PROBLEMS = {
+# The smallest positive temperature: below it l / T overflows float32 for ordinary logits, and
+# the kernel would report the logits as bad when the temperature is what is wrong. Greedy is 0.
+MIN_TEMPERATURE = 1e-6
+
+# The most uniforms per row philox_uniforms makes in one call: far beyond any tree, and it keeps
+# a mistaken count from asking for an impossible allocation.
+_MAX_UNIFORMS_PER_ROW = (1 << 31) - 1
+
+# RowStatus codes of csrc/include/tlt/common.h -> (argument, problem), worded per op in the
+# names of that op's own arguments.
+_TREE_PROBLEMS = {
+    3: ("parents", "is not a topological tree (need parents[i] in [0, i) for valid nodes)"),
+    5: ("num_nodes", "is outside [1, N]"),
+}
+_VERIFY_PROBLEMS = {
+    **_TREE_PROBLEMS,
     1: ("logits", "has NaN or +inf, or only -inf, at a node the walk visited"),
     2: ("tokens", "has a token id outside [0, V) at a valid node"),
-    3: ("parents", "is not a topological tree (need parents[i] in [0, i) for valid nodes)"),
     4: ("draft_probs", "is negative, not finite, or does not sum to 1 (+-1e-3) at a visited node"),
-    5: ("num_nodes", "is outside [1, N]"),
     6: ("uniforms", "has a value outside [0, 1) that the walk used"),
-    7: ("cache_len", "with accept_index leaves the cache's [0, T) slots or is not a path"),
+}
+_SELECT_PROBLEMS = {
+    3: ("cand_parents", "has a candidate m whose parent is not in [-1, m)"),
+}
+_COMPACT_PROBLEMS = {
+    7: ("accept_index", "with num_accepted and cache_len is not an increasing path "
+                        "(accept_index[b, j] >= j) inside the cache's [0, T) slots"),
 }
 
 
-def _raise_row_status(row_status: torch.Tensor) -> None:
+def _raise_row_status(row_status: torch.Tensor, problems: dict[int, tuple[str, str]]) -> None:
     bad = torch.nonzero(row_status).flatten()
     if bad.numel() == 0:
         return
-    row = int(bad[0])
-    argument, problem = _ROW_PROBLEMS.get(int(row_status[row]), ("input", "is invalid"))
+    row, code = int(bad[0]), int(row_status[int(bad[0])])
+    if code not in problems:  # a kernel wrote a code its header does not list for it
+        raise RuntimeError(f"kernel reported row status {code} for row {row}")
+    argument, problem = problems[code]
     raise ValueError(f"{argument}: row {row} {problem} ({bad.numel()} bad row(s) in all)")
 
 
 def _check_tree(tokens: torch.Tensor | None, parents: torch.Tensor,
                 num_nodes: torch.Tensor | None, vocab: int | None) -> None:
-    """Host-side tree checks: cheap (B x N) and with better messages than the row status."""
+    """Host-side tree checks: cheap (B x N) and with better messages than the row status.
+    num_nodes is already in [1, N] (_tree_inputs)."""
     batch, n_max = parents.shape
     index = torch.arange(n_max, device=parents.device)
     valid = torch.ones_like(parents, dtype=torch.bool)
     if num_nodes is not None:
-        if bool(((num_nodes < 1) | (num_nodes > n_max)).any()):
-            raise ValueError(f"num_nodes: every entry must be in [1, {n_max}]")
         valid = index[None, :] < num_nodes[:, None]
     if batch and bool((parents[:, 0] != -1).any()):
         raise ValueError("parents: the root's parent must be -1 (parents[:, 0] == -1)")
@@ -80,16 +107,19 @@ def _check_tree(tokens: torch.Tensor | None, parents: torch.Tensor,
 
 
 def _tree_inputs(tokens: Any, parents: Any, num_nodes: Any, device: torch.device,
-                 batch: int | None = None):
+                 batch: int | None, validate: bool):
     """(tokens int64 or None, parents int32, num_nodes int32 or None), checked and contiguous."""
-    parents_t = arr.integer_tensor(parents, "parents", torch.int32, device, (batch, None))
+    parents_t = arr.integer_tensor(parents, "parents", torch.int32, device, (batch, None),
+                                   validate=validate)
     batch, n_max = parents_t.shape
     if not 1 <= n_max <= _C.max_tree_nodes:
         raise ValueError(f"parents: N = {n_max} nodes, must be in [1, {_C.max_tree_nodes}]")
     tokens_t = (None if tokens is None else
-                arr.integer_tensor(tokens, "tokens", torch.int64, device, (batch, n_max)))
+                arr.integer_tensor(tokens, "tokens", torch.int64, device, (batch, n_max),
+                                   validate=validate))
     num_nodes_t = (None if num_nodes is None else
-                   arr.integer_tensor(num_nodes, "num_nodes", torch.int32, device, (batch,)))
+                   arr.integer_tensor(num_nodes, "num_nodes", torch.int32, device, (batch,),
+                                      validate=validate, low=1, high=n_max))
     return tokens_t, parents_t, num_nodes_t
 
 
@@ -105,12 +135,12 @@ def _logits_input(logits: Any, name: str = "logits") -> torch.Tensor:
     return logits_t
 
 
-def _verify_inputs(logits: Any, tokens: Any, parents: Any, num_nodes: Any):
+def _verify_inputs(logits: Any, tokens: Any, parents: Any, num_nodes: Any, validate: bool):
     """The tree and logits of a verifier, checked against each other."""
     logits_t = _logits_input(logits)
     batch, n_max, _ = logits_t.shape
     tokens_t, parents_t, num_nodes_t = _tree_inputs(tokens, parents, num_nodes, logits_t.device,
-                                                    batch)
+                                                    batch, validate)
     if parents_t.shape[1] != n_max:
         raise ValueError(f"parents: has {parents_t.shape[1]} nodes but logits has N = {n_max}")
     return logits_t, tokens_t, parents_t, num_nodes_t
@@ -143,11 +173,13 @@ def select_tree(cand_tokens: Any, cand_scores: Any, cand_parents: Any, root_toke
     batch, num_candidates = scores.shape
     if num_candidates > _C.max_candidates:
         raise ValueError(f"cand_scores: M = {num_candidates} exceeds {_C.max_candidates}")
-    if not isinstance(num_nodes, int) or not 1 <= num_nodes <= _C.max_tree_nodes:
-        raise ValueError(f"num_nodes: must be an int in [1, {_C.max_tree_nodes}], got {num_nodes!r}")
-    tokens = arr.integer_tensor(cand_tokens, "cand_tokens", torch.int64, device, (batch, num_candidates))
-    parents = arr.integer_tensor(cand_parents, "cand_parents", torch.int32, device, (batch, num_candidates))
-    roots = arr.integer_tensor(root_tokens, "root_tokens", torch.int64, device, (batch,))
+    num_nodes = arr.python_int(num_nodes, "num_nodes", 1, _C.max_tree_nodes)
+    tokens = arr.integer_tensor(cand_tokens, "cand_tokens", torch.int64, device,
+                                (batch, num_candidates), validate=validate)
+    parents = arr.integer_tensor(cand_parents, "cand_parents", torch.int32, device,
+                                 (batch, num_candidates), validate=validate, low=-1)
+    roots = arr.integer_tensor(root_tokens, "root_tokens", torch.int64, device, (batch,),
+                               validate=validate)
     index = torch.arange(num_candidates, device=device)
     if validate and bool(((parents < -1) | (parents >= index[None, :])).any()):
         raise ValueError("cand_parents: each candidate's parent must be -1 or an earlier candidate")
@@ -162,7 +194,7 @@ def select_tree(cand_tokens: Any, cand_scores: Any, cand_parents: Any, root_toke
                    arr.ptr(source_index), arr.ptr(out_num_nodes), arr.ptr(row_status),
                    *arr.launch_target(device))
     if validate:
-        _raise_row_status(row_status)
+        _raise_row_status(row_status, _SELECT_PROBLEMS)
     return DraftTree(*(arr.give_back(t, kind) for t in (out_tokens, out_parents, source_index, out_num_nodes)))
 
 
@@ -180,13 +212,12 @@ def tree_metadata(parents: Any, num_nodes: Any = None, cache_len: Any = None, *,
     kind = arr.array_kind(parents)
     parents_t = arr.as_tensor(parents, "parents")
     device = parents_t.device
-    _, parents_t, num_nodes_t = _tree_inputs(None, parents_t, num_nodes, device)
+    _, parents_t, num_nodes_t = _tree_inputs(None, parents_t, num_nodes, device, None, validate)
     batch, n_max = parents_t.shape
     cache_len_t = (None if cache_len is None else
-                   arr.integer_tensor(cache_len, "cache_len", torch.int32, device, (batch,)))
+                   arr.integer_tensor(cache_len, "cache_len", torch.int32, device, (batch,),
+                                      validate=validate, low=0))
     if validate:
-        if cache_len_t is not None and bool((cache_len_t < 0).any()):
-            raise ValueError("cache_len: must be >= 0")
         _check_tree(None, parents_t, num_nodes_t, None)
     depths = torch.empty((batch, n_max), dtype=torch.int32, device=device)
     positions = torch.empty((batch, n_max), dtype=torch.int64, device=device)
@@ -196,16 +227,19 @@ def tree_metadata(parents: Any, num_nodes: Any = None, cache_len: Any = None, *,
                      arr.ptr(depths), arr.ptr(positions), arr.ptr(mask), arr.ptr(row_status),
                      *arr.launch_target(device))
     if validate:
-        _raise_row_status(row_status)
+        _raise_row_status(row_status, _TREE_PROBLEMS)
     return TreeMetadata(*(arr.give_back(t, kind) for t in (depths, positions, mask)))
 
 
 def unpack_tree_mask(mask: Any, num_nodes_max: int) -> Any:
-    """(B, N, W) int32 bit-packed mask -> (B, N, N) bool, True where row i may attend to j."""
+    """(B, N, W) int32 (or uint32) bit-packed mask of N = num_nodes_max nodes -> (B, N, N)
+    bool, True where row i may attend to j. Reads no values: every bit pattern is a mask."""
     kind = arr.array_kind(mask)
     mask_t = arr.as_tensor(mask, "mask")
-    if mask_t.dim() != 3 or mask_t.shape[-1] != (num_nodes_max + 31) // 32:
-        raise ValueError(f"mask: expected shape (B, N, {(num_nodes_max + 31) // 32}), got {tuple(mask_t.shape)}")
+    if mask_t.dtype not in (torch.int32, torch.uint32):
+        raise TypeError(f"mask: dtype must be int32 (or uint32), got {mask_t.dtype}")
+    num_nodes_max = arr.python_int(num_nodes_max, "num_nodes_max", 1, _C.max_tree_nodes)
+    arr.check_shape(mask_t, "mask", (None, num_nodes_max, (num_nodes_max + 31) // 32))
     j = torch.arange(num_nodes_max, device=mask_t.device)
     words = mask_t.to(torch.int64)[..., j // 32]  # (B, N, N)
     return arr.give_back(((words >> (j % 32)) & 1).bool(), kind)
@@ -221,7 +255,8 @@ def verify_tree_greedy(logits: Any, tokens: Any, parents: Any, num_nodes: Any = 
     emitted_logprobs are log_softmax(logits) at temperature 1 of the emitted tokens.
     validate=False skips the host-side checks and the row-status check (no host sync).
     """
-    logits_t, tokens_t, parents_t, num_nodes_t = _verify_inputs(logits, tokens, parents, num_nodes)
+    logits_t, tokens_t, parents_t, num_nodes_t = _verify_inputs(logits, tokens, parents,
+                                                                num_nodes, validate)
     kind, device, (batch, n_max, vocab) = arr.array_kind(logits), logits_t.device, logits_t.shape
     if validate:
         _check_tree(tokens_t, parents_t, num_nodes_t, vocab)
@@ -234,36 +269,49 @@ def verify_tree_greedy(logits: Any, tokens: Any, parents: Any, num_nodes: Any = 
 
 def verify_tree_sampling(logits: Any, tokens: Any, parents: Any, *, temperature: Any,
                          top_k: Any = 0, top_p: Any = 1.0, uniforms: Any = None,
-                         seed: Any = None, offset: Any = 0, draft_probs: Any = None,
+                         seed: Any = None, offset: Any = None, draft_probs: Any = None,
                          num_nodes: Any = None, validate: bool = True) -> VerifyOutput:
     """Lossless tree rejection sampling, fused with temperature / top-k / top-p.
 
     The emitted tokens are distributed exactly as sampling token by token from p_target, the
-    target distribution after temperature, top-k (k <= 0: off) and top-p (1.0: off); rows with
-    temperature 0 are greedy. Per-row parameters are numbers or (B,) arrays.
+    target distribution after temperature, top-k (k <= 0 or k >= V: off) and top-p (1.0: off).
+    Per-row parameters are numbers or (B,) arrays, read as float32 / int32 / float32:
+    temperature is 0 (a greedy row) or in [MIN_TEMPERATURE, float32 max], top_p in (0, 1],
+    top_k any integer.
 
     Drafts: draft_probs=None means deterministic drafts (q_draft one-hot at each draft token,
     as EAGLE / SGLang top-k trees); draft_probs (B, N, V) float32 means the children of node v
     were sampled i.i.d. from q_draft = draft_probs[b, v].
     Randomness: uniforms (B, N) float32 in [0, 1) (u[:, c] tests node c, u[:, 0] draws the
-    final token), or seed (int or (B,)) and offset (int or (B,)) for Philox uniforms that the
-    CPU and CUDA kernels reproduce identically.
+    final token), or seed (int or (B,)) and offset (int or (B,), default 0) for Philox
+    uniforms that the CPU and CUDA kernels reproduce identically (philox_uniforms).
     emitted_logprobs are log p_target of each emitted token at the node that emitted it
     (temperature-0 rows: log_softmax at temperature 1).
+    validate=False skips the checks of array values (tree, parameters, uniforms, row status);
+    parameters given as numbers are checked either way.
     """
-    logits_t, tokens_t, parents_t, num_nodes_t = _verify_inputs(logits, tokens, parents, num_nodes)
+    logits_t, tokens_t, parents_t, num_nodes_t = _verify_inputs(logits, tokens, parents,
+                                                                num_nodes, validate)
     kind, device, (batch, n_max, vocab) = arr.array_kind(logits), logits_t.device, logits_t.shape
-    temperature_t = arr.per_row(temperature, "temperature", torch.float32, batch, device)
-    top_k_t = arr.per_row(top_k, "top_k", torch.int32, batch, device)
-    top_p_t = arr.per_row(top_p, "top_p", torch.float32, batch, device)
+    temperature_t = _per_row_checked(temperature, "temperature", batch, device, validate,
+                                     _bad_temperature, "must be 0 (greedy) or, as float32, "
+                                     f"finite and >= MIN_TEMPERATURE = {MIN_TEMPERATURE}")
+    # Clamping top_k into int32 keeps its meaning: every k <= 0 and every k >= V is "off".
+    top_k_t = arr.per_row_integer(top_k, "top_k", torch.int32, batch, device, validate=validate,
+                                  saturate=True)
+    top_p_t = _per_row_checked(top_p, "top_p", batch, device, validate, _bad_top_p,
+                               "must be in (0, 1] as float32")
     if uniforms is None:
         if seed is None:
             raise ValueError("uniforms: pass uniforms (B, N) or a seed for Philox uniforms")
-        uniforms_t = _philox(arr.per_row(seed, "seed", torch.int64, batch, device),
-                             arr.per_row(offset, "offset", torch.int64, batch, device), n_max)
+        uniforms_t = _philox(arr.per_row_bits64(seed, "seed", batch, device),
+                             arr.per_row_bits64(0 if offset is None else offset, "offset", batch,
+                                                device), n_max)
     else:
         if seed is not None:
             raise ValueError("seed: pass either uniforms or seed, not both")
+        if offset is not None:
+            raise ValueError("offset: is the Philox offset of seed; it has no use with uniforms")
         uniforms_t = arr.as_tensor(uniforms, "uniforms")
         arr.check_shape(uniforms_t, "uniforms", (batch, n_max))
         arr.check_device(uniforms_t, "uniforms", device)
@@ -280,16 +328,14 @@ def verify_tree_sampling(logits: Any, tokens: Any, parents: Any, *, temperature:
         arr.require_contiguous(draft_t, "draft_probs")
     if validate:
         _check_tree(tokens_t, parents_t, num_nodes_t, vocab)
-        if bool((~torch.isfinite(temperature_t) | (temperature_t < 0)).any()):
-            raise ValueError("temperature: must be finite and >= 0 (0 = greedy)")
-        if bool((~(top_p_t > 0) | (top_p_t > 1)).any()):
-            raise ValueError("top_p: must be in (0, 1]")
         if bool(((uniforms_t < 0) | ~(uniforms_t < 1)).any()):
             raise ValueError("uniforms: every value must be in [0, 1)")
+    outputs = _verify_outputs(batch, n_max, device)
+    if batch == 0:  # the kernel takes no empty per-row arrays (their data pointers are null)
+        return _finish_verify(outputs, kind, validate=False)
     workspace_bytes = _C.verify_tree_sampling_workspace_bytes(batch, vocab, draft_t is not None)
     workspace = (torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
                  if workspace_bytes and device.type == "cuda" else None)
-    outputs = _verify_outputs(batch, n_max, device)
     _C.verify_tree_sampling(arr.ptr(logits_t), arr.float_type_code(logits_t, "logits"),
                             arr.ptr(draft_t), arr.ptr(tokens_t), arr.ptr(parents_t),
                             arr.ptr(num_nodes_t), arr.ptr(temperature_t), arr.ptr(top_k_t),
@@ -297,6 +343,35 @@ def verify_tree_sampling(logits: Any, tokens: Any, parents: Any, *, temperature:
                             *(arr.ptr(t) for t in outputs), arr.ptr(workspace),
                             *arr.launch_target(device))
     return _finish_verify(outputs, kind, validate)
+
+
+def _bad_temperature(given: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+    """A temperature is 0, or positive and at least MIN_TEMPERATURE after float32 rounding
+    (compared in float32, as the kernel reads it); a positive one that rounds to 0 is bad."""
+    greedy = (given == 0) & (rounded == 0)
+    return ~(greedy | (torch.isfinite(rounded) & (rounded >= MIN_TEMPERATURE)))
+
+
+def _bad_top_p(given: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+    return ~((rounded > 0) & (rounded <= 1))
+
+
+def _per_row_checked(value: Any, name: str, batch: int, device: torch.device, validate: bool,
+                     bad_values, rule: str) -> torch.Tensor:
+    """A per-row real parameter as float32 (B,), its values checked by bad_values(given,
+    float32): always when given as a number (on the host, no sync), with validate for arrays."""
+    rounded, given = arr.per_row_real(value, name, batch, device)
+    if isinstance(given, float):
+        given_t = torch.tensor([given], dtype=torch.float64)
+        bad = bad_values(given_t, given_t.to(torch.float32))
+        if bool(bad.any()):
+            raise ValueError(f"{name}: {rule}, got {given!r}")
+    elif validate and batch:
+        bad = bad_values(given, rounded)
+        if bool(bad.any()):
+            row = int(torch.nonzero(bad)[0])
+            raise ValueError(f"{name}: {rule}, got {float(given[row])!r} in row {row}")
+    return rounded
 
 
 def _verify_outputs(batch: int, n_max: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -312,7 +387,7 @@ def _verify_outputs(batch: int, n_max: int, device: torch.device) -> tuple[torch
 def _finish_verify(outputs: tuple[torch.Tensor, ...], kind: str, validate: bool) -> VerifyOutput:
     *results, row_status = outputs
     if validate:
-        _raise_row_status(row_status)
+        _raise_row_status(row_status, _VERIFY_PROBLEMS)
     return VerifyOutput(*(arr.give_back(t, kind) for t in results))
 
 
@@ -325,45 +400,88 @@ def compact_kv_(cache: Any, accept_index: Any, num_accepted: Any, cache_len: Any
     (layers, 2, B, H_kv, T, head_dim). For a token-major cache (..., B, T, H_kv * d) pass
     batch_dim=-3, seq_dim=-2. Node i of row b must have been written to slot cache_len[b] + i;
     afterwards slots cache_len[b] .. cache_len[b] + num_accepted[b] hold the accepted path.
-    Returns cache.
+    accept_index (B, N) and num_accepted (B,) are a verifier's outputs, cache_len (B,) the
+    committed lengths. validate=True checks every row before anything moves; validate=False
+    leaves a bad row untouched (kv_cache.h) without saying so. Returns cache.
     """
     cache_t = arr.as_tensor(cache, "cache")
     arr.require_contiguous(cache_t, "cache")
     ndim = cache_t.dim()
-    b_dim, t_dim = batch_dim % ndim if ndim else 0, seq_dim % ndim if ndim else 0
-    if ndim < 2 or not b_dim < t_dim:
-        raise ValueError(f"batch_dim / seq_dim: need batch_dim before seq_dim in a cache of "
-                         f"shape {tuple(cache_t.shape)}")
+    if ndim < 2:
+        raise ValueError(f"cache: needs a batch dim and a sequence dim, got shape "
+                         f"{tuple(cache_t.shape)}")
+    b_dim = arr.python_int(batch_dim, "batch_dim", -ndim, ndim - 1) % ndim
+    t_dim = arr.python_int(seq_dim, "seq_dim", -ndim, ndim - 1) % ndim
+    if not b_dim < t_dim:
+        raise ValueError(f"batch_dim: must come before seq_dim in a cache of shape "
+                         f"{tuple(cache_t.shape)}")
     shape = cache_t.shape
     planes, batch = math.prod(shape[:b_dim]), shape[b_dim]
     groups, max_len = math.prod(shape[b_dim + 1:t_dim]), shape[t_dim]
     entry_bytes = cache_t.element_size() * math.prod(shape[t_dim + 1:])
+    if entry_bytes == 0:
+        raise ValueError(f"cache: a token's entry is empty (shape {tuple(shape)} after seq_dim)")
     device = cache_t.device
-    accept_t = arr.integer_tensor(accept_index, "accept_index", torch.int32, device, (batch, None))
+    accept_t = arr.integer_tensor(accept_index, "accept_index", torch.int32, device, (batch, None),
+                                  validate=validate)
     n_max = accept_t.shape[1]
-    num_accepted_t = arr.integer_tensor(num_accepted, "num_accepted", torch.int32, device, (batch,))
-    cache_len_t = arr.integer_tensor(cache_len, "cache_len", torch.int32, device, (batch,))
+    if not 1 <= n_max <= _C.max_tree_nodes:
+        raise ValueError(f"accept_index: N = {n_max} nodes, must be in [1, {_C.max_tree_nodes}]")
+    num_accepted_t = arr.integer_tensor(num_accepted, "num_accepted", torch.int32, device,
+                                        (batch,), validate=validate, low=0, high=n_max - 1)
+    cache_len_t = arr.integer_tensor(cache_len, "cache_len", torch.int32, device, (batch,),
+                                     validate=validate, low=0)
+    if validate and batch:
+        _check_paths(accept_t, num_accepted_t, cache_len_t, max_len)
     row_status = torch.empty((batch,), dtype=torch.int32, device=device)
     _C.compact_kv(arr.ptr(cache_t), planes, batch, groups, max_len, entry_bytes,
                   arr.ptr(cache_len_t), arr.ptr(accept_t), arr.ptr(num_accepted_t), n_max,
                   arr.ptr(row_status), *arr.launch_target(device))
     if validate:
-        _raise_row_status(row_status)
+        _raise_row_status(row_status, _COMPACT_PROBLEMS)
     return cache
+
+
+def _check_paths(accept_index: torch.Tensor, num_accepted: torch.Tensor,
+                 cache_len: torch.Tensor, max_len: int) -> None:
+    """kv_cache.h's row checks on the host, before the kernel moves anything, each naming the
+    argument at fault. num_accepted is in [0, N) and cache_len >= 0 already. (Destinations
+    cache_len + j lie below the sources cache_len + accept_index[b, j], so checking the
+    sources covers both.)"""
+    n_max = accept_index.shape[1]
+    j = torch.arange(n_max, device=accept_index.device)
+    on_path = j[None, :] <= num_accepted[:, None]  # (B, N)
+    path = accept_index.to(torch.int64)  # (B, N)
+    previous = torch.cat((torch.full_like(path[:, :1], -1), path[:, :-1]), dim=1)  # (B, N)
+    not_path = on_path & ((path < j[None, :]) | (path <= previous))
+    if bool(not_path.any()):
+        row, node = (int(v) for v in torch.nonzero(not_path)[0])
+        raise ValueError(
+            f"accept_index: row {row} is not an accepted path: accept_index[{row}, {node}] = "
+            f"{int(path[row, node])} (need accept_index[b, j] >= j, increasing, for j <= "
+            "num_accepted[b])")
+    # The tree's slots start at cache_len: a path past the cache's end means the cache had no
+    # room for the tree there.
+    source = cache_len.to(torch.int64)[:, None] + path  # (B, N)
+    beyond = on_path & (source >= max_len)
+    if bool(beyond.any()):
+        row, node = (int(v) for v in torch.nonzero(beyond)[0])
+        raise ValueError(f"cache_len: row {row}'s accepted node {int(path[row, node])} sits at "
+                         f"slot cache_len + {int(path[row, node])} = {int(source[row, node])}, "
+                         f"outside the cache's T = {max_len} slots")
 
 
 def philox_uniforms(seeds: Any, offsets: Any, count: int) -> Any:
     """(B, count) float32 uniforms in [0, 1): Philox4x32-10 of (offsets[b], i) under key
-    seeds[b], 24 random bits each. Bit-identical on CPU and CUDA."""
+    seeds[b], 24 random bits each. Bit-identical on CPU and CUDA. seeds (B,) and offsets (int
+    or (B,)) are 64-bit patterns (random.h reads them as uint64): any integer dtype, signed
+    values sign-extended, and ints in [-2**63, 2**64). count in [0, 2**31 - 1]."""
     kind = arr.array_kind(seeds)
     seeds_t = arr.as_tensor(seeds, "seeds")
-    if seeds_t.dim() != 1:
-        raise ValueError(f"seeds: expected shape (B,), got {tuple(seeds_t.shape)}")
     device = seeds_t.device
-    seeds_t = arr.integer_tensor(seeds_t, "seeds", torch.int64, device, (None,))
-    offsets_t = arr.per_row(offsets, "offsets", torch.int64, seeds_t.shape[0], device)
-    if not isinstance(count, int) or count < 0:
-        raise ValueError(f"count: must be a non-negative int, got {count!r}")
+    seeds_t = arr.bits64_tensor(seeds_t, "seeds", device, (None,))
+    offsets_t = arr.per_row_bits64(offsets, "offsets", seeds_t.shape[0], device)
+    count = arr.python_int(count, "count", 0, _MAX_UNIFORMS_PER_ROW)
     return arr.give_back(_philox(seeds_t, offsets_t, count), kind)
 
 

@@ -34,6 +34,8 @@ from typing import Callable, NamedTuple, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from tlt_core.ops import MIN_TEMPERATURE
+
 __all__ = [
     "K_MAX_TREE_NODES",
     "K_MAX_CANDIDATES",
@@ -155,8 +157,9 @@ def _check_tree(tokens: Optional[torch.Tensor], parents: torch.Tensor,
     """tree.h / common.h validity of a tree; returns num_nodes as a [B] int64 tensor.
 
     num_nodes[b] in [1, N] (kRowBadNumNodes); for every valid node i >= 1,
-    0 <= parents[b, i] < i (kRowBadParent); every valid node's token in [0, V)
-    (kRowBadToken). parents[b, 0] is never read (the root's parent is -1 by definition).
+    0 <= parents[b, i] < i (kRowBadParent); every valid non-root node's token in [0, V)
+    (kRowBadToken). parents[b, 0] and tokens[b, 0] are never read (the root's parent is -1
+    by definition, and its token is already committed).
     """
     if parents.dim() != 2:
         raise ValueError(f"parents must be [B, N], got {tuple(parents.shape)}")
@@ -178,7 +181,7 @@ def _check_tree(tokens: Optional[torch.Tensor], parents: torch.Tensor,
             if not 0 <= p < i:
                 raise ValueError(f"row {b}: parent {p} of node {i} not in [0, {i})")
         if tokens is not None:
-            for i in range(nb):
+            for i in range(1, nb):
                 x = int(tokens[b, i])
                 if not 0 <= x < vocab:
                     raise ValueError(f"row {b}: token {x} of node {i} not in [0, {vocab})")
@@ -286,8 +289,8 @@ def tree_attention_mask(parents: torch.Tensor, num_nodes: Optional[torch.Tensor]
 def unpack_tree_mask(mask: torch.Tensor, num_nodes_max: int) -> torch.Tensor:
     """mask [B, N, W] int32 (bit (j & 31) of word (j >> 5)) -> bool [B, N, N]."""
     N = int(num_nodes_max)
-    if mask.dim() != 3 or mask.shape[2] != mask_words(N):
-        raise ValueError(f"mask must be [B, N, {mask_words(N)}], got {tuple(mask.shape)}")
+    if mask.dim() != 3 or mask.shape[1:] != (N, mask_words(N)):
+        raise ValueError(f"mask must be [B, {N}, {mask_words(N)}], got {tuple(mask.shape)}")
     words = mask.to(torch.int64) & 0xFFFFFFFF  # [B, N, W] the unsigned 32-bit pattern
     j = torch.arange(N)  # [N]
     bits = (words[:, :, j >> 5] >> (j & 31)) & 1  # [B, N, N]
@@ -310,7 +313,8 @@ def tree_metadata(parents: torch.Tensor, num_nodes: Optional[torch.Tensor] = Non
                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Depths, positions and bit-packed ancestor mask of a tree (tree.h).
 
-    parents [B, N] int32; num_nodes [B] int32 (None: all N); cache_len [B] int32 (None: 0).
+    parents [B, N] int32; num_nodes [B] int32 (None: all N); cache_len [B] int32 (None: 0),
+    a length: in [0, 2^31).
     Returns depths [B, N] int32 (root 0, padding 0), positions [B, N] int64
     (cache_len + depth; cache_len for padding), mask [B, N, W] int32.
     Raises ValueError where the kernel reports kRowBadNumNodes / kRowBadParent.
@@ -323,6 +327,8 @@ def tree_metadata(parents: torch.Tensor, num_nodes: Optional[torch.Tensor] = Non
         L = torch.as_tensor(cache_len).to(torch.int64)  # [B]
         if L.shape != (B,):
             raise ValueError(f"cache_len must be [{B}]")
+        if bool(((L < 0) | (L >= 1 << 31)).any()):
+            raise ValueError("cache_len must be in [0, 2^31)")
     depths = torch.zeros(B, N, dtype=torch.int32)  # [B, N]
     for b in range(B):
         for i in range(1, int(n[b])):
@@ -354,8 +360,10 @@ def _process(logits: torch.Tensor, temperature: ParamLike, top_k: ParamLike,
     T = _expand_param(temperature, lead, torch.float32, "temperature")  # [...]
     k = _expand_param(top_k, lead, torch.int64, "top_k")  # [...]
     p = _expand_param(top_p, lead, torch.float32, "top_p")  # [...]
-    if bool(torch.isnan(T).any()) or bool((T < 0).any()):
-        raise ValueError("temperature must be >= 0")
+    # tlt_core.ops.MIN_TEMPERATURE: a positive temperature below it (in float32) is an error,
+    # not a near-greedy row whose l / T overflows.
+    if not bool(((T == 0) | (torch.isfinite(T) & (T >= MIN_TEMPERATURE))).all()):
+        raise ValueError(f"temperature must be 0 or finite and >= {MIN_TEMPERATURE}")
     if bool(torch.isnan(p).any()) or bool((p <= 0).any()) or bool((p > 1).any()):
         raise ValueError("top_p must be in (0, 1]")
     greedy = T == 0  # [...]
