@@ -167,5 +167,5 @@ def test_tlt_train_writes_jsonl_and_tensorboard(tmp_path, capsys):
     assert main(argv + ["--tensorboard", "on"]) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
     assert [step for step, _ in read_scalars(out)["reward"]] == [0, 1]
-    assert main(argv + ["--tensorboard", "off"]) == 0  # a fresh run: old event files go
+    assert main(argv + ["--tensorboard", "off", "--overwrite"]) == 0  # old event files go
     assert not list(out.glob("events.out.tfevents.*"))

@@ -29,7 +29,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tlt_core.cli.train import CHECKPOINTS_DIR, OLD_CHECKPOINT, POLICY_DIR, TOKENIZER_DIR
+from tlt_core.cli.run_folder import CHECKPOINTS_DIR, OLD_CHECKPOINT, POLICY_DIR, TOKENIZER_DIR
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, exportable
 from tlt_core.drafting.tree import Strategy

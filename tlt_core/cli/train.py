@@ -12,21 +12,32 @@ Writes, under --out (OUT; `OUT/baseline/` holds the same for --compare's SD-off 
   folder from a checkpoint with it);
 - report.md with its plots at the end.
 Ctrl-C (or a killed rank) loses at most the step in progress; the message says how to resume.
-Rank 0 writes.
+A write that fails (disk full, no permission) stops the run with the path it could not write,
+leaving the newest complete checkpoint and metrics.jsonl as they were. Rank 0 writes.
+
+What a run does to an existing OUT (tlt_core.cli.run_folder): one that holds an earlier run is
+refused unless --resume (continue from its newest checkpoint; refused where there is none) or
+--overwrite (delete the earlier run's parts first); a folder another run is using is refused,
+naming its pid.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import torch.distributed as dist
 from tqdm import tqdm
 
 from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_arguments,
                                         placement_from_args)
 from tlt_core.cli.options import add_dataclass_arguments, dataclass_from_args
+from tlt_core.cli.run_folder import (BASELINE_DIR, CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR,
+                                     RunFolderError, clear_run, hold_run_folder, resume_point)
 from tlt_core.embedded.workload import train_inputs
 from tlt_core.rl.checkpoint_io import atomic_folder, latest_checkpoint, step_folder_name
 from tlt_core.rl.driver import GRPODriver, TrainConfig
@@ -35,10 +46,6 @@ from tlt_core.rl.metrics import MetricsWriter, tensorboard_available
 from tlt_core.rl.policy_folder import SpecialTokenIds, write_policy_folder
 from tlt_core.rl.report import summarize, write_report
 from tlt_core.rl.rewards import RewardMix, math_reward
-
-# A run folder's parts (module docstring); `tlt export` reads them too.
-CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR = "checkpoints", "policy", "tokenizer"
-OLD_CHECKPOINT = "checkpoint.pt"  # the single torch.save file of older versions: not read
 
 _HELP = {
     "steps": "GRPO steps",
@@ -90,7 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run folder: metrics, checkpoints, policy folders, report")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out from its newest checkpoint "
-                             "(OUT/checkpoints/step-NNNNNN)")
+                             "(OUT/checkpoints/step-NNNNNN); refused when there is none")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the run in --out: delete its checkpoints, policy "
+                             "folders, tokenizer, metrics, TensorBoard events and report first "
+                             "(other files there stay). Without --overwrite or --resume, an "
+                             "--out that holds a run is refused")
     parser.add_argument("--keep-checkpoints", type=int, default=2, metavar="K",
                         help="resume checkpoints kept in OUT/checkpoints (one is written after "
                              "every step; older ones are deleted once the new one is complete)")
@@ -160,15 +172,36 @@ def run_train(args: argparse.Namespace) -> int:
               "then calibrate the adaptive loop's cost model (seconds).", file=sys.stderr,
               flush=True)
         inputs = lambda: train_inputs(progress=not args.no_progress)  # noqa: E731
+    if args.keep_checkpoints < 1:
+        raise SystemExit(f"tlt train: --keep-checkpoints: must be >= 1, got "
+                         f"{args.keep_checkpoints}")
+    if args.save_every < 0:
+        raise SystemExit(f"tlt train: --save-every: must be >= 0, got {args.save_every}")
     runs = {"tlt" if config.tlt else "baseline": (args.out, config)}
     if args.compare and config.tlt:
-        runs["baseline"] = (args.out / "baseline", replace(config, tlt=False))
+        runs["baseline"] = (args.out / BASELINE_DIR, replace(config, tlt=False))
+    writing = _rank() == 0  # rank 0 writes metrics, checkpoints and policy folders
     histories = {}
-    for name, (folder, run_config) in runs.items():
-        histories[name] = _train_one(name, folder, run_config, inputs(), args, tensorboard)
-        if histories[name] is None:
-            return 130
-    report = write_report(args.out, histories)
+    with contextlib.ExitStack() as held:
+        try:
+            if writing:  # every folder a run writes (clear_run below keeps the lock files)
+                for folder, _ in runs.values():
+                    held.enter_context(hold_run_folder(folder))
+            starts = {name: resume_point(folder, resume=args.resume, overwrite=args.overwrite,
+                                         nested=folder != args.out)
+                      for name, (folder, _) in runs.items()}
+            if writing and args.overwrite:
+                clear_run(args.out)
+        except RunFolderError as error:
+            raise SystemExit(f"tlt train: {error}") from None
+        except OSError as error:  # taking the lock or clearing OUT; it names the path
+            raise SystemExit(f"tlt train: --out: {error}") from None
+        for name, (folder, run_config) in runs.items():
+            histories[name] = _train_one(name, folder, run_config, inputs(), args, tensorboard,
+                                         starts[name], nested=folder != args.out)
+            if histories[name] is None:
+                return 130
+        report = write_report(args.out, histories)
     print()
     for name, history in histories.items():
         s = summarize(history)
@@ -207,13 +240,16 @@ def _tensorboard_wanted(choice: str) -> bool:
     return False
 
 
+def _rank() -> int:
+    """This process's rank, before the driver joins the process group (torchrun sets RANK)."""
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
 def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs,
-               args: argparse.Namespace, tensorboard: bool) -> list[dict] | None:
-    if args.keep_checkpoints < 1:
-        raise SystemExit(f"tlt train: --keep-checkpoints: must be >= 1, got "
-                         f"{args.keep_checkpoints}")
-    if args.save_every < 0:
-        raise SystemExit(f"tlt train: --save-every: must be >= 0, got {args.save_every}")
+               args: argparse.Namespace, tensorboard: bool, start: Path | None, *,
+               nested: bool) -> list[dict] | None:
+    """Trains one run in `folder` from the checkpoint `start` (None: from scratch); the
+    history, or None when interrupted. nested: the baseline run of --compare."""
     driver = GRPODriver(inputs.policy, inputs.prompts, inputs.reward_fn, inputs.detokenize,
                         inputs.stop_ids, config, drafter=inputs.drafter,
                         calibration=inputs.calibration)
@@ -222,35 +258,29 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
     if inputs.bad_rows:
         print(f"data: skipped {len(inputs.bad_rows)} malformed rows "
               f"(first: line {inputs.bad_rows[0][0]}: {inputs.bad_rows[0][1]})", file=sys.stderr)
-    latest = latest_checkpoint(checkpoints) if args.resume else None
-    if args.resume and latest is None and (folder / OLD_CHECKPOINT).is_file():
-        raise SystemExit(f"tlt train: --resume: {folder / OLD_CHECKPOINT} was written by an "
-                         "older tlt_core, whose checkpoints this version does not read; start a "
-                         "new run (without --resume, or with another --out)")
-    resumed = latest is not None
-    if resumed:
+    if start is not None:
         try:
-            driver.resume(latest)
-        except ValueError as error:  # another config or model; it names what differs
+            driver.resume(start)
+        except (FileNotFoundError, ValueError) as error:  # it names what differs or is damaged
             raise SystemExit(f"tlt train: --resume: {error}") from None
-        print(f"{name}: resumed at step {driver.state.step} from {latest}")
+        print(f"{name}: resumed at step {driver.state.step} from {start}")
     writing = driver.group.rank == 0  # rank 0 writes metrics, checkpoints and policy folders
-    if writing and inputs.tokenizer is not None:  # lets `tlt export policy` rebuild any step
-        with atomic_folder(folder / TOKENIZER_DIR) as temporary:
-            inputs.tokenizer.save(temporary)
     # Without a Hugging Face tokenizer (the embedded model) the folders still name the ids that
     # end a response, so that transformers' generate stops where the rollouts did.
     token_ids = None if inputs.tokenizer is not None else SpecialTokenIds(eos=inputs.stop_ids)
-    writer = MetricsWriter(folder, tensorboard=tensorboard,
-                           history=driver.state.history if resumed else None, enabled=writing)
-    print(f"{name}: {inputs.description}, TLT {'on' if config.tlt else 'off'}; "
-          f"{config.steps} steps x {config.prompts_per_step} prompts x "
-          f"{config.samples_per_prompt} samples -> {folder}"
-          + (" (metrics.jsonl + TensorBoard)" if writer.tensorboard else ""))
     bar = tqdm(total=config.steps, initial=driver.state.step, disable=args.no_progress,
                desc=name, unit="step", file=sys.stderr)
     try:
-        with writer:
+        if writing and inputs.tokenizer is not None:  # lets `tlt export policy` rebuild a step
+            with atomic_folder(folder / TOKENIZER_DIR) as temporary:
+                inputs.tokenizer.save(temporary)
+        with MetricsWriter(folder, tensorboard=tensorboard,
+                           history=driver.state.history if start is not None else None,
+                           enabled=writing) as writer:
+            print(f"{name}: {inputs.description}, TLT {'on' if config.tlt else 'off'}; "
+                  f"{config.steps} steps x {config.prompts_per_step} prompts x "
+                  f"{config.samples_per_prompt} samples -> {folder}"
+                  + (" (metrics.jsonl + TensorBoard)" if writer.tensorboard else ""))
             while driver.state.step < config.steps:
                 metrics = driver.step()
                 driver.save(checkpoints, keep=args.keep_checkpoints)
@@ -266,15 +296,26 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
                     bar.write(f"{name}: policy after step {step}: {policy}")
     except KeyboardInterrupt:
         bar.close()
-        # this run's newest checkpoint (before its first step the folder may hold another run's)
-        saved = latest_checkpoint(checkpoints) if driver.state.step > 0 else None
         print(f"\n{name}: interrupted in step {driver.state.step}; "
-              + (f"the steps before it are saved in {saved}. Resume with the same arguments "
-                 "plus --resume." if saved is not None else "no step had finished."),
-              file=sys.stderr)
+              + _how_to_continue(checkpoints, nested), file=sys.stderr)
         return None
+    except OSError as error:  # disk full, no permission: it names the path
+        bar.close()
+        raise SystemExit(f"tlt train: {error}. Once that is fixed: "
+                         + _how_to_continue(checkpoints, nested)) from None
     bar.close()
     return driver.state.history
+
+
+def _how_to_continue(checkpoints: Path, nested: bool) -> str:
+    """Where the run stands on disk, and the command that continues it."""
+    saved = latest_checkpoint(checkpoints)
+    if saved is not None:
+        return (f"the newest complete checkpoint is {saved}; continue with the same arguments "
+                "plus --resume.")
+    if nested:  # --resume ends the TLT run where it is and starts the baseline afresh
+        return "no step had finished; continue with the same arguments plus --resume."
+    return "no step had finished; start again with the same arguments plus --overwrite."
 
 
 def _line(m: dict) -> str:

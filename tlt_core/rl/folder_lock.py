@@ -1,0 +1,58 @@
+"""An advisory lock on a folder: one process at a time writes into it.
+
+`folder_lock(folder, wait=...)` holds an exclusive `fcntl.flock` on the lock file `LOCK_FILE`
+inside the folder (creating both) for the duration of a with-block, and records the holder's
+pid in the file. Without waiting, a folder another holder has raises `FolderLockedError` at
+once, naming the folder and that pid; with wait=True the call blocks until the holder lets go.
+
+The kernel releases a flock when its file is closed, which happens when the process exits or is
+killed, so a lock never outlives its holder and no stale lock needs clearing by hand. The lock
+file itself is left in place: deleting it would let a newcomer lock a fresh file while someone
+still holds the old one. A flock belongs to an open file, not to a process, so two holders in
+one process (threads) exclude each other as processes do. The lock is advisory: it keeps out
+the writers that take it, nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+LOCK_FILE = ".tlt.lock"
+
+
+class FolderLockedError(RuntimeError):
+    """The folder is held by another holder: `folder`, and its `pid` (None when unreadable)."""
+
+    def __init__(self, folder: Path, pid: int | None):
+        self.folder, self.pid = folder, pid
+        holder = f"pid {pid}" if pid is not None else "a process whose pid it did not record"
+        super().__init__(f"{folder} is in use by another process ({holder})")
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path, *, wait: bool) -> Iterator[Path]:
+    """Holds `folder`'s lock (module docstring) for the with-block; yields the lock file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise FolderLockedError(folder, _holder(descriptor)) from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(descriptor)  # releases the flock
+
+
+def _holder(descriptor: int) -> int | None:
+    """The pid the holder wrote; None while it has not yet (it writes right after locking)."""
+    text = os.pread(descriptor, 32, 0).decode("ascii", errors="replace").strip()
+    return int(text) if text.isdigit() else None
