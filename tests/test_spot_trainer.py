@@ -1,6 +1,9 @@
 """The spot trainer: preempted within one step of the signal, resumes exactly, trains only the
-drafter's own tensors (the target stays bit-identical)."""
+drafter's own tensors (the target stays bit-identical); its checkpoints are written atomically,
+a failed write is reported with its path, and a planted pickle is refused, never run."""
 
+import errno
+import os
 import threading
 import time
 
@@ -97,3 +100,45 @@ def test_no_data_and_bad_config(target):
         SpotConfig(lr=0)
     with pytest.raises(FileNotFoundError, match="path"):
         trainer.resume("/nonexistent/spot.pt")
+
+
+def test_nothing_a_user_gave_is_lost_and_nothing_loaded_runs_code(target, harvest, tmp_path,
+                                                                    monkeypatch):
+    """A checkpoint write that fails (disk full) is raised by wait(), naming the path, and
+    leaves the previous checkpoint and no temporary; a pickle with a live payload is refused by
+    resume and the payload never runs."""
+    from tests.test_checkpoint_io import Payload
+
+    trainer = SpotTrainer(fresh_drafter(target), harvest, SpotConfig(batch_tokens=128))
+    trainer.train_until(lambda: False, max_steps=2)
+    path = tmp_path / "spot.pt"
+    trainer.checkpoint(path)
+    trainer.wait()
+    before = path.read_bytes()
+    real_save = torch.save
+
+    def disk_full(state, file):
+        real_save(state, file)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    trainer.train_until(lambda: False, max_steps=1)
+    trainer.checkpoint(path)
+    with pytest.raises(OSError, match=f"cannot write {path}: No space left on device"):
+        trainer.wait()
+    monkeypatch.undo()
+    trainer.wait()  # reported once
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["spot.pt"]
+    resumed = SpotTrainer(fresh_drafter(target), harvest, SpotConfig(batch_tokens=128))
+    resumed.resume(path)
+    assert resumed.steps == 2
+
+    marker = tmp_path / "payload-ran"
+    real_save({"drafter": {}, "x": Payload(marker)}, tmp_path / "planted.pt")
+    with pytest.raises(ValueError, match="planted.pt is not a spot-trainer checkpoint.*"
+                                         "Unsupported global"):
+        resumed.resume(tmp_path / "planted.pt")
+    (tmp_path / "torn.pt").write_bytes(before[:len(before) // 2])
+    with pytest.raises(ValueError, match="torn.pt is not a spot-trainer checkpoint"):
+        resumed.resume(tmp_path / "torn.pt")
+    assert not marker.exists() and resumed.steps == 2

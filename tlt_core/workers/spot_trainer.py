@@ -12,15 +12,24 @@ a run resumed from a checkpoint continues exactly as an uninterrupted run would 
 buffer).
 
 Checkpoints are asynchronous: the tensors are copied at the call (the only cost on the caller),
-a background thread writes them; `wait()` joins it.
+a background thread writes them; `wait()` joins it, and raises what the write raised (an OSError
+naming the path: disk full, no permission). The file is written beside its path under a
+temporary name, fsync'd and renamed over it: a reader, or a process killed mid-write, sees the
+previous checkpoint or the new one, and a failed write leaves no temporary behind. `resume`
+reads with `torch.load(weights_only=True)`, whose unpickler builds only tensors and plain
+containers (torch's allow-list): a planted pickle is refused, never run.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import pickle
 import random
+import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -65,6 +74,7 @@ class SpotTrainer:
         self._packing: tuple[int, list[DraftBatch]] | None = None  # (buffer version, batches)
         self._order: tuple[int, list[int]] | None = None  # (epoch, batch order)
         self._writer: threading.Thread | None = None
+        self._write_error: OSError | None = None  # what the last background write raised
 
     def train_until(self, should_stop: Callable[[], bool],
                     max_steps: int | None = None) -> SpotSession:
@@ -120,21 +130,52 @@ class SpotTrainer:
         path.parent.mkdir(parents=True, exist_ok=True)
 
         def write():
-            partial = path.with_suffix(path.suffix + ".partial")
-            torch.save(state, partial)
-            partial.replace(path)  # a reader never sees a half-written checkpoint
+            try:
+                _write_atomically(state, path)
+            except OSError as error:
+                self._write_error = OSError(error.errno, f"spot trainer: cannot write {path}: "
+                                                         f"{error.strerror or error}")
 
         self._writer = threading.Thread(target=write, name="spot-checkpoint", daemon=True)
         self._writer.start()
 
     def wait(self) -> None:
+        """Joins the checkpoint write in flight; raises what it raised."""
         if self._writer is not None:
             self._writer.join()
             self._writer = None
+        error, self._write_error = self._write_error, None
+        if error is not None:
+            raise error
 
     def resume(self, path: str | Path) -> None:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"path: no spot-trainer checkpoint at {path}")
-        self.load_state_dict(torch.load(path, weights_only=True))
+        try:
+            state = torch.load(path, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
+            # torch's message goes on to suggest weights_only=False, which would run the payload
+            found = re.search(r"WeightsUnpickler error: (.*?)(?:\. |$)", str(error), re.M)
+            reason = found.group(1) if found else f"{type(error).__name__}: it is damaged"
+            raise ValueError(f"path: {path} is not a spot-trainer checkpoint, which holds only "
+                             f"tensors and plain containers ({reason}); give a file that "
+                             "SpotTrainer.checkpoint wrote") from None
+        self.load_state_dict(state)
 
+
+def _write_atomically(state: dict, path: Path) -> None:
+    """torch.save(state, path) through a temporary sibling, fsync'd and renamed over path; the
+    temporary is deleted when the write fails."""
+    temporary = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
+    try:
+        torch.save(state, temporary)
+        descriptor = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
