@@ -2,9 +2,13 @@
 any checkpoint from the target's own responses — harvested from the passes that generated them,
 a reduced draft vocabulary of the tokens they use, resumable with the same batches, the
 held-out acceptance in the folder's provenance — and the result drafts losslessly in the
-engine."""
+engine. Its work folder is a cache that heals: a torn or foreign entry is reported and built
+again, and a second process waits for the first instead of training twice."""
 
 import json
+import os
+import re
+import threading
 
 import pytest
 import torch
@@ -13,8 +17,10 @@ from tlt_core.cli.main import main
 from tlt_core.drafting import training
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.export import load_drafter
+from tlt_core.rl import drafter_warmup
+from tlt_core.rl.checkpoint_io import write_state
 from tlt_core.rl.drafter_warmup import (OfflineConfig, _draft_vocabulary, _read_shard,
-                                       float32_twin, train_offline)
+                                       _record_problem, float32_twin, train_offline)
 from tlt_core.drafting.training import collect_records
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
@@ -161,3 +167,113 @@ def test_tlt_drafter_train_command(tmp_path, capsys):
     assert main(args) == 0  # a second run finds everything done and resumes to the same end
     with pytest.raises(SystemExit, match="held-out"):
         main(args[:-1] + ["--held-out", "0", "--no-progress"])
+
+
+def same_drafters(folder_a, folder_b, target):
+    a = Drafter.load(folder_a, target).state_dict()
+    b = Drafter.load(folder_b, target).state_dict()
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def counting(monkeypatch):
+    """Counts the shards written and the training steps taken through drafter_warmup."""
+    counts = {"shards": 0, "steps": 0}
+    real_write, real_step = drafter_warmup._write_shard, drafter_warmup.train_step
+
+    def write_shard(*args, **kwargs):
+        counts["shards"] += 1
+        return real_write(*args, **kwargs)
+
+    def step(*args, **kwargs):
+        counts["steps"] += 1
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(drafter_warmup, "_write_shard", write_shard)
+    monkeypatch.setattr(drafter_warmup, "train_step", step)
+    return counts
+
+
+def test_nothing_a_user_gave_is_lost_a_damaged_cache_entry_heals(trained, tmp_path,
+                                                                  monkeypatch):
+    """A truncated work/run.json, a shard missing its tensors and a torn step checkpoint are each
+    reported with their path and built again, and the drafter comes out as an undamaged run's."""
+    target, reference, _ = trained
+    data = prompts(target)
+    out = tmp_path / "drafter"
+    train_offline(target, data, out, CONFIG, progress=False, log=lambda line: None)
+    work = out / "work"
+    counts = counting(monkeypatch)
+
+    record = work / "run.json"
+    record.write_text(record.read_text()[:40])  # torn mid-write
+    logged = []
+    train_offline(target, data, out, CONFIG, progress=False, log=logged.append)
+    assert any(f"{record} is not valid JSON" in line and "starting it afresh" in line
+               for line in logged), logged
+    assert counts == {"shards": 2, "steps": CONFIG.steps}  # everything built again
+    assert _record_problem(record, set(json.loads(record.read_text()))) is None
+    assert same_drafters(out, reference, target)
+
+    shard = work / "responses" / "shard-00001"
+    (shard / "tensors.safetensors").unlink()
+    write_state({"lengths": torch.ones(2)}, work / "responses" / "shard-00000")  # foreign
+    checkpoint = work / "train" / f"step-{CONFIG.steps:06d}"
+    (checkpoint / "state.json").write_text('{"format": "tlt_core.checkpoint/1", "sta')
+    logged.clear()
+    train_offline(target, data, out, CONFIG, progress=False, log=logged.append)
+    assert any(f"{shard} has no tensors.safetensors" in line and "generating shard-00001 again"
+               in line for line in logged), logged
+    assert any("shard-00000 lacks the tensors features, prompt_lengths, tokens" in line
+               for line in logged), logged
+    assert any(f"{checkpoint / 'state.json'} is not valid JSON" in line
+               and "resuming from the checkpoint before it, or from the start" in line
+               for line in logged), logged
+    assert counts == {"shards": 4, "steps": 2 * CONFIG.steps}
+    assert same_drafters(out, reference, target)
+    assert not [p for p in work.rglob("*") if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"temperature": 0.0, "max_tok', "is not valid JSON"),
+    ("[1, 2]", "holds a JSON list"),
+    ('{"temperature": 0.0, "colour": "red"}', "missing max_tokens.*unknown colour"),
+])
+def test_a_foreign_work_record_is_told_apart(tmp_path, text, problem):
+    path = tmp_path / "run.json"
+    path.write_text(text)
+    assert re.search(problem, _record_problem(path, {"temperature", "max_tokens"}))
+    path.write_text('{"temperature": 1.0, "max_tokens": 3}')
+    assert _record_problem(path, {"temperature", "max_tokens"}) is None
+
+
+def test_two_concurrent_warm_ups_train_once(tmp_path, monkeypatch):
+    """A second call on the same --out while the first runs waits for it (saying so), then
+    reuses its responses and training: one run's worth of shards and steps in all."""
+    target = tiny_target()
+    data = prompts(target)
+    counts = counting(monkeypatch)
+    training, reports, second_log = threading.Event(), {}, []
+    real_step = drafter_warmup.train_step
+
+    def step(*args, **kwargs):
+        training.set()
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(drafter_warmup, "train_step", step)
+
+    def run(name, log):
+        reports[name] = train_offline(target, data, tmp_path / "drafter", CONFIG,
+                                      progress=False, log=log)
+
+    first = threading.Thread(target=run, args=("first", lambda line: None))
+    first.start()
+    training.wait()  # the first holds the work folder
+    second = threading.Thread(target=run, args=("second", second_log.append))
+    second.start()
+    first.join()
+    second.join()
+    assert reports["first"].steps == reports["second"].steps == CONFIG.steps
+    assert reports["second"].final_loss == reports["first"].final_loss
+    assert any(f"in use by another process (pid {os.getpid()}); waiting" in line
+               for line in second_log), second_log
+    assert counts == {"shards": 2, "steps": CONFIG.steps}

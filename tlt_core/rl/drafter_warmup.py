@@ -20,6 +20,19 @@ Then the drafter is saved (Drafter.save) in the target's dtype and its acceptanc
 measured on held-out prompts the training never saw, with the engine exactly as a rollout runs
 it, and stored in the folder's metadata with the provenance.
 
+The work folder is a cache several processes may reach for at once, and which a crash, a full
+disk or a hand may damage; it stays usable:
+- one process at a time: a call holds `work/`'s lock (tlt_core.rl.folder_lock) throughout, so
+  a second call with the same --out waits for the first (saying so), then reuses what it wrote
+  instead of generating and training a second time;
+- every entry is written atomically (`work/run.json` by checkpoint_io.atomic_file, shards and
+  step checkpoints as checkpoint_io folders): a reader sees the old entry or the new one;
+- an entry that does not read back as what this module writes (torn or foreign JSON, missing
+  keys or tensors, inconsistent shapes) is reported through `log` with its path and built
+  again: a damaged run.json discards the work folder's shards and checkpoints (nothing vouches
+  for their settings any more), a damaged shard is generated again, a damaged step checkpoint is
+  deleted and training resumes from the one before, or from the start.
+
 Shapes: T positions of a sequence, F feature layers, H hidden size.
 """
 
@@ -30,6 +43,7 @@ import hashlib
 import json
 import math
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,11 +61,12 @@ from tlt_core.drafting.tree import Strategy
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.transformer import Transformer, rope_inv_freq
-from tlt_core.rl.checkpoint_io import (latest_checkpoint, read_state, write_checkpoint,
+from tlt_core.rl.checkpoint_io import (atomic_file, read_state, step_folders, write_checkpoint,
                                        write_state)
+from tlt_core.rl.folder_lock import folder_lock
 from tlt_core.workers.harvest import HarvestBuffer
 
-RESPONSES_DIR, TRAIN_DIR = "responses", "train"
+WORK_DIR, RESPONSES_DIR, TRAIN_DIR = "work", "responses", "train"
 WORK_RECORD = "run.json"  # the settings and prompts a work folder belongs to
 EVAL_STRATEGIES = (Strategy(6, 1, 7), Strategy(5, 4, 16))  # a chain and a tree, as rollouts use
 
@@ -137,14 +152,31 @@ def train_offline(target: Transformer, prompts: Sequence[Sequence[int]], out: st
         raise ValueError(f"prompts: {len(prompts)} prompts leave none to train on after the "
                          f"{config.held_out} held out; give more or lower held_out")
     folder = Path(out)
-    work = folder / "work"
+    work = folder / WORK_DIR
+
+    def waiting(pid: int | None) -> None:
+        log(f"out: {work} is in use by another process (pid {pid}); waiting for it to finish, "
+            "then reusing what it wrote")
+
+    with folder_lock(work, wait=True, on_wait=waiting):
+        return _train_offline_holding(target, prompts, folder, config, tuple(stop_ids),
+                                      metadata, progress, log)
+
+
+def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], folder: Path,
+                           config: OfflineConfig, stop_ids: tuple[int, ...],
+                           metadata: dict | None, progress: bool,
+                           log: Callable[[str], None]) -> OfflineReport:
+    """train_offline's phases, while holding the work folder's lock."""
+    work = folder / WORK_DIR
     train_prompts, held_out = prompts[:-config.held_out], prompts[-config.held_out:]
-    _claim_work_folder(work, config, prompts)
+    weights_sha256 = target_sha256(target)
+    _claim_work_folder(work, config, prompts, weights_sha256, log)
     seconds = {}
 
     start = time.perf_counter()
     records, prompt_lengths = _responses(target, train_prompts, work / RESPONSES_DIR, config,
-                                         tuple(stop_ids), progress, log)
+                                         stop_ids, progress, log)
     seconds["responses"] = time.perf_counter() - start
     response_tokens = sum(int(r.tokens.shape[0]) - p for r, p in zip(records, prompt_lengths))
 
@@ -161,7 +193,7 @@ def train_offline(target: Transformer, prompts: Sequence[Sequence[int]], out: st
     with torch.random.fork_rng(devices=[]):  # the initial weights: a function of the seed
         torch.manual_seed(config.seed)
         drafter = Drafter(trainer_target, drafter_config, ids)
-    history = _train(drafter, records, prompt_lengths, work / TRAIN_DIR, config, progress)
+    history = _train(drafter, records, prompt_lengths, work / TRAIN_DIR, config, progress, log)
     seconds["training"] = time.perf_counter() - start
     del trainer_target
 
@@ -169,7 +201,7 @@ def train_offline(target: Transformer, prompts: Sequence[Sequence[int]], out: st
     provenance = {**(metadata or {}), "tlt_core_version": __version__,
                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                       timespec="seconds"),
-                  "target_sha256": target_sha256(target), "offline": asdict(config),
+                  "target_sha256": weights_sha256, "offline": asdict(config),
                   "train_prompts": len(train_prompts), "sequences": len(records),
                   "response_tokens": response_tokens,
                   "final_loss": _mean(h["loss"] for h in tail),
@@ -209,27 +241,55 @@ def held_out_acceptance(target: Transformer, drafter: Drafter, prompts: Sequence
     return overall, by_position
 
 
-def _claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int, ...]]) -> None:
-    """Records what this run's work folder holds (the settings and the prompts' hash), or checks
-    that an earlier run's matches: resuming with other settings would mix two runs' data.
-    `steps` and `checkpoint_every` may change (a resumed run may train longer)."""
+def _claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int, ...]],
+                       weights_sha256: str, log: Callable[[str], None]) -> None:
+    """Records what this run's work folder holds (the settings, the prompts' hash and the
+    target's), or checks that an earlier run's matches: resuming with other settings, or for
+    another target, would mix two runs' data.
+    `steps` and `checkpoint_every` may change (a resumed run may train longer). A record that is
+    damaged or foreign, or missing beside shards and checkpoints, starts the folder afresh."""
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
-    mine = {**asdict(config), "prompts_sha256": digest}
+    mine = {**asdict(config), "prompts_sha256": digest, "target_sha256": weights_sha256}
     for free in ("steps", "checkpoint_every"):
         mine.pop(free)
     mine = json.loads(json.dumps(mine))  # tuples as lists, as read back
     path = work / WORK_RECORD
-    if path.is_file():
-        theirs = json.loads(path.read_text())
-        changed = sorted(key for key in set(mine) | set(theirs)
-                         if mine.get(key) != theirs.get(key))
+    problem = _record_problem(path, set(mine))
+    if problem is None:
+        theirs = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(key for key in mine if mine[key] != theirs[key])
         if changed:
             raise ValueError(f"out: {work.parent} holds a run with other settings "
                              f"({', '.join(changed)}); resume it with the same ones or choose "
                              "another --out")
         return
-    work.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mine, indent=1) + "\n")
+    stale = [work / name for name in (RESPONSES_DIR, TRAIN_DIR) if (work / name).exists()]
+    if path.exists() or stale:
+        log(f"out: {path} {problem}, so nothing vouches for the settings of "
+            f"{', '.join(str(s) for s in stale) or 'the work folder'}; starting it afresh")
+        for entry in stale:
+            shutil.rmtree(entry)
+    with atomic_file(path) as temporary:
+        temporary.write_text(json.dumps(mine, indent=1) + "\n", encoding="utf-8")
+
+
+def _record_problem(path: Path, keys: set[str]) -> str | None:
+    """What keeps `path` from being a work record with exactly `keys`; None when it is one."""
+    if not path.is_file():
+        return "is missing"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return f"is not valid JSON ({error})"
+    if not isinstance(record, dict):
+        return f"holds a JSON {type(record).__name__}, not a work record"
+    if set(record) != keys:
+        missing, foreign = sorted(keys - set(record)), sorted(set(record) - keys)
+        return ("is not a work record of this version ("
+                + "; ".join(part for part in (missing and f"missing {', '.join(missing)}",
+                                              foreign and f"unknown {', '.join(foreign)}")
+                            if part) + ")")
+    return None
 
 
 # ---- phase 1: responses -----------------------------------------------------------------------
@@ -249,9 +309,12 @@ def _responses(target: Transformer, prompts: list[tuple[int, ...]], directory: P
     bar = tqdm(total=len(prompts), disable=not progress, unit="prompt",
                desc="target responses")
     engine = None
+    hidden_size = target.config.hidden_size
     for index, first in enumerate(shards):
         shard = directory / f"shard-{index:05d}"
-        if not (shard / "state.json").is_file():
+        batch = prompts[first:first + chunk]
+        read = _read_shard_or_discard(shard, config, hidden_size, log) if shard.exists() else None
+        if read is None:
             harvest = HarvestBuffer(max_bytes=1 << 62, min_length=2)  # this shard's, whole
             if engine is None:
                 engine = RolloutEngine(
@@ -259,12 +322,12 @@ def _responses(target: Transformer, prompts: list[tuple[int, ...]], directory: P
                                          max_len=max(map(len, prompts)) + config.max_tokens,
                                          seed=config.seed), harvest_drafter, harvest)
             engine.harvest = harvest
-            batch = prompts[first:first + chunk]
             engine.generate([Request(p, params) for p in batch],
                             request_ids=list(range(first, first + len(batch))))
             harvest.collect()
             _write_shard(shard, list(harvest.records), batch, config)
-        shard_records, shard_lengths = _read_shard(shard, config)
+            read = _read_shard(shard, config, hidden_size=hidden_size)
+        shard_records, shard_lengths = read
         records += shard_records
         prompt_lengths += shard_lengths
         bar.update(min(chunk, len(prompts) - first))
@@ -300,18 +363,54 @@ def _prompt_length(record: DraftRecord, prompts: list[tuple[int, ...]]) -> int:
     return max(matches)
 
 
-def _read_shard(folder: Path, config: OfflineConfig) -> tuple[list[DraftRecord], list[int]]:
+def _read_shard(folder: Path, config: OfflineConfig, *, hidden_size: int | None = None
+                ) -> tuple[list[DraftRecord], list[int]]:
+    """The shard's records and their prompt lengths; a ValueError (or FileNotFoundError) naming
+    the folder when it is not what _write_shard writes for `config` (and a target of
+    `hidden_size`, when given)."""
     state = read_state(folder)
-    lengths = state["lengths"].tolist()
-    tokens = state["tokens"].split(lengths)
-    features = state["features"].split(lengths)
-    last = (state["last_hidden"].split(lengths) if "last_hidden" in state
+    wanted = {"lengths", "prompt_lengths", "tokens", "features"}
+    if tuple(config.feature_layers) != (-1,):
+        wanted.add("last_hidden")
+    missing = sorted(wanted - {k for k, v in state.items() if isinstance(v, torch.Tensor)})
+    if missing:
+        raise ValueError(f"out: {folder} lacks the tensors {', '.join(missing)}")
+    for name in ("lengths", "prompt_lengths", "tokens"):
+        if state[name].dtype != torch.int64:
+            raise ValueError(f"out: {folder}: {name} is {state[name].dtype}, expected int64")
+    lengths, starts = state["lengths"], state["prompt_lengths"]
+    total = int(lengths.sum()) if lengths.dim() == 1 else -1
+    F = len(config.feature_layers)
+    H = hidden_size if hidden_size is not None else state["features"].shape[-1]
+    shapes = {"lengths": (lengths.numel(),), "prompt_lengths": (lengths.numel(),),
+              "tokens": (total,), "features": (total, F, H), "last_hidden": (total, H)}
+    for name in sorted(wanted | state.keys() & shapes.keys()):
+        if tuple(state[name].shape) != shapes[name]:
+            raise ValueError(f"out: {folder}: {name} has shape {tuple(state[name].shape)}, "
+                             f"expected {shapes[name]} (F = {F} feature layers, H = {H})")
+    if lengths.numel() == 0 or bool((lengths < 1).any()) or bool((starts < 1).any()) \
+            or bool((starts > lengths).any()):
+        raise ValueError(f"out: {folder}: its lengths and prompt lengths are not those of "
+                         "prompts with responses")
+    split = lengths.tolist()
+    tokens = state["tokens"].split(split)
+    features = state["features"].split(split)
+    last = (state["last_hidden"].split(split) if "last_hidden" in state
             else [f[:, 0] for f in features])
-    if tuple(config.feature_layers) == (-1,) and features[0].shape[1] != 1:
-        raise ValueError(f"out: {folder} holds features of {features[0].shape[1]} layers, this "
-                         "run asks for the last layer's only; use a new --out")
     records = [DraftRecord(t, f, h) for t, f, h in zip(tokens, features, last)]
-    return records, state["prompt_lengths"].tolist()
+    return records, starts.tolist()
+
+
+def _read_shard_or_discard(folder: Path, config: OfflineConfig, hidden_size: int,
+                           log: Callable[[str], None]
+                           ) -> tuple[list[DraftRecord], list[int]] | None:
+    """_read_shard's result, or None after deleting a damaged shard (reported through log)."""
+    try:
+        return _read_shard(folder, config, hidden_size=hidden_size)
+    except (FileNotFoundError, ValueError) as error:
+        log(f"responses: {error}; generating {folder.name} again")
+        _discard(folder)
+        return None
 
 
 # ---- phase 2: the draft vocabulary -----------------------------------------------------------
@@ -347,17 +446,32 @@ def _coverage(records: list[DraftRecord], prompt_lengths: list[int], ids: torch.
 # ---- phase 3: training -----------------------------------------------------------------------
 
 def _train(drafter: Drafter, records: list[DraftRecord], prompt_lengths: list[int],
-           directory: Path, config: OfflineConfig, progress: bool) -> list[dict]:
+           directory: Path, config: OfflineConfig, progress: bool,
+           log: Callable[[str], None]) -> list[dict]:
     """AdamW steps on the EAGLE loss over response positions; resumes from the newest step
-    checkpoint in `directory`. Returns every step's metrics (resumed steps' included)."""
-    optimizer = make_optimizer(drafter, config.lr)
-    step, history = 0, []
-    resumed = latest_checkpoint(directory)
-    if resumed is not None:
-        state = read_state(resumed)
-        drafter.load_state_dict(state["drafter"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, history = int(state["step"]), list(state["history"])
+    checkpoint in `directory` that reads back (a damaged one is reported and deleted). Returns
+    every step's metrics (resumed steps' included)."""
+    initial = {name: tensor.detach().clone() for name, tensor in drafter.state_dict().items()}
+    optimizer, step, history = make_optimizer(drafter, config.lr), 0, []
+    for saved_step, folder in reversed(step_folders(directory).items()):
+        try:
+            state = read_state(folder)
+            _check_train_state(state, folder, saved_step)
+            try:
+                drafter.load_state_dict(state["drafter"])
+                optimizer.load_state_dict(state["optimizer"])
+            except (KeyError, RuntimeError, TypeError) as error:
+                raise ValueError(f"out: {folder}: its drafter or optimizer state does not fit "
+                                 f"this drafter ({str(error).splitlines()[0]})") from None
+        except (FileNotFoundError, ValueError) as error:
+            log(f"training: {error}; deleting {folder} and resuming from the checkpoint "
+                "before it, or from the start")
+            _discard(folder)
+            drafter.load_state_dict(initial)  # a failed load may have copied part of it
+            optimizer = make_optimizer(drafter, config.lr)
+            continue
+        step, history = saved_step, list(state["history"])
+        break
     device = drafter.fc.weight.device
     bar = tqdm(total=config.steps, initial=step, disable=not progress, unit="step",
                desc="training the drafter")
@@ -377,6 +491,25 @@ def _train(drafter: Drafter, records: list[DraftRecord], prompt_lengths: list[in
                                                "step": step, "history": history}, keep=1)
     bar.close()
     return history
+
+
+def _check_train_state(state: dict, folder: Path, step: int) -> None:
+    """A ValueError naming `folder` unless `state` is a step checkpoint of `step` steps."""
+    missing = sorted({"drafter", "optimizer", "step", "history"} - state.keys())
+    if missing:
+        raise ValueError(f"out: {folder} lacks {', '.join(missing)}")
+    if state["step"] != step or not isinstance(state["history"], list) \
+            or len(state["history"]) != step:
+        raise ValueError(f"out: {folder} does not hold the state after {step} steps with their "
+                         "history")
+
+
+def _discard(entry: Path) -> None:
+    """Deletes a damaged cache entry (a folder, or a file where a folder belongs)."""
+    if entry.is_dir():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink(missing_ok=True)
 
 
 def _epoch_batches(records: list[DraftRecord], prompt_lengths: list[int], config: OfflineConfig,

@@ -3,7 +3,8 @@
 `folder_lock(folder, wait=...)` holds an exclusive `fcntl.flock` on the lock file `LOCK_FILE`
 inside the folder (creating both) for the duration of a with-block, and records the holder's
 pid in the file. Without waiting, a folder another holder has raises `FolderLockedError` at
-once, naming the folder and that pid; with wait=True the call blocks until the holder lets go.
+once, naming the folder and that pid; with wait=True the call blocks until the holder lets go,
+after telling `on_wait` the holder's pid (so that a caller can say why it is not moving).
 
 The kernel releases a flock when its file is closed, which happens when the process exits or is
 killed, so a lock never outlives its holder and no stale lock needs clearing by hand. The lock
@@ -18,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 LOCK_FILE = ".tlt.lock"
@@ -34,7 +35,8 @@ class FolderLockedError(RuntimeError):
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | Path, *, wait: bool) -> Iterator[Path]:
+def folder_lock(folder: str | Path, *, wait: bool,
+                on_wait: Callable[[int | None], None] | None = None) -> Iterator[Path]:
     """Holds `folder`'s lock (module docstring) for the with-block; yields the lock file."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -42,9 +44,13 @@ def folder_lock(folder: str | Path, *, wait: bool) -> Iterator[Path]:
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise FolderLockedError(folder, _holder(descriptor)) from None
+            if not wait:
+                raise FolderLockedError(folder, _holder(descriptor)) from None
+            if on_wait is not None:
+                on_wait(_holder(descriptor))
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
         yield path
