@@ -1,0 +1,501 @@
+"""Invariants "Bad input gets a clear error" and "Kernels agree", fuzzed over every public op:
+shapes (empty, N = 1), dtypes (every integer and float dtype, bool, complex), values (negative,
+2**31, 2**32 + 1, +-2**63, 2**64 - 1, NaN, +-inf, denormals), strides and array kinds (torch,
+NumPy), Python numbers of every kind, validate on and off. Each call either returns what
+tlt_core.ops.reference computes from the values the op was given, or raises ValueError /
+TypeError whose message starts with the name of one of the op's arguments.
+
+Compared when an op returns: its integer outputs (compact_kv_: the cache; philox_uniforms: the
+floats, bit for bit) against the reference given the exact values of the inputs (no int32
+wrap). With validate=True the reference must also accept the input (an op that accepts what the
+oracle rejects has read something else than it was given); with validate=False the op reads no
+values, so outputs are compared wherever the reference accepts.
+
+Each op's examples run in one subprocess, so a crash fails that op's test instead of ending the
+run, under a time budget: hypothesis in seeded chunks, so the same examples run every time and
+only how many chunks fit varies with the machine's speed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as st
+
+import tlt_core.ops as ops
+from tlt_core.ops import reference
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET_S = 5.0  # per op; 7 ops plus a ~3 s interpreter start each fit in about a minute
+CHUNK_EXAMPLES = 50
+
+INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16,
+              torch.uint32, torch.uint64]
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+ALL_DTYPES = INT_DTYPES + FLOAT_DTYPES + [torch.bool, torch.complex64]
+SPECIAL_INTS = [-1, 0, 1, 2, -2, 7, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**32, 2**32 + 1,
+                2**63 - 1, -2**63, 2**64 - 1]
+SPECIAL_FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, 2.0, 1 - 2**-24, 1e-6, 1e-7, 1e-42, 1e-300, 1e300,
+                  3e38, math.nan, math.inf, -math.inf]
+
+
+# ---- the subprocess harness ------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["select_tree", "tree_metadata", "unpack_tree_mask",
+                                "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
+                                "philox_uniforms"])
+def test_fuzzed_calls_return_the_reference_or_name_an_argument(op):
+    # Run from the repository root, like pytest: `tests` and `tlt_core` import from there.
+    command = [sys.executable, "-c", f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=BUDGET_S + 120)
+    if done.returncode < 0:
+        how = f"crashed with {signal.Signals(-done.returncode).name}"
+    else:
+        how = f"failed (exit status {done.returncode})"
+    assert done.returncode == 0, f"{op} {how}:\n{done.stdout[-3000:]}\n{done.stderr[-9000:]}"
+
+
+def fuzz(op: str) -> None:
+    """Runs op's examples until BUDGET_S is spent (the subprocess's body), in chunks of
+    CHUNK_EXAMPLES with seeds 0, 1, 2, ...: hypothesis has no time limit of its own, and each
+    seeded chunk is the same on every run."""
+    torch.set_num_threads(1)
+    deadline = time.monotonic() + BUDGET_S
+    tally = {"returned": 0, "raised": 0}
+
+    def example(data):
+        tally["returned" if CASES[op](data) else "raised"] += 1
+
+    chunk = 0
+    while time.monotonic() < deadline:
+        run = settings(max_examples=CHUNK_EXAMPLES, deadline=None, database=None,
+                       phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+                       report_multiple_bugs=False)(given(st.data())(example))
+        seed(chunk)(run)()
+        chunk += 1
+    print(f"{op}: {tally['returned']} calls returned the reference's outputs, "
+          f"{tally['raised']} raised an error naming an argument ({chunk} chunks)")
+
+
+# ---- building arguments ----------------------------------------------------------------------
+
+def wrap(value: int, dtype: torch.dtype) -> int:
+    """value in dtype's range, two's complement (what a C cast would leave)."""
+    info = torch.iinfo(dtype)
+    return (value - info.min) % (1 << info.bits) + info.min
+
+
+def tensor_of(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """values (an object array of Python numbers) as a dtype tensor; integer dtypes wrap."""
+    flat, shape = values.ravel().tolist(), values.shape
+    if dtype in INT_DTYPES:
+        flat = [wrap(int(v) if math.isfinite(v) else 0, dtype) for v in flat]
+        if dtype == torch.uint64:  # torch.tensor takes no Python int >= 2**63
+            return torch.from_numpy(np.array(flat, dtype=np.uint64).reshape(shape))
+    elif dtype == torch.bool:
+        flat = [bool(v) for v in flat]
+    elif dtype.is_complex:
+        flat = [complex(v) for v in flat]
+    else:
+        flat = [float(v) for v in flat]
+    return torch.tensor(flat, dtype=dtype).reshape(shape)
+
+
+def objects(array_like) -> np.ndarray:
+    return np.array(array_like, dtype=object)
+
+
+def draw_array(data, values: np.ndarray, dtype: torch.dtype, specials: list, *,
+               dtypes: list = ALL_DTYPES):
+    """An array argument holding values in dtype, or (four times in nine) with a special value
+    poked in, with a value int32 / int64 truncation would turn into the valid one, in another
+    dtype or in another shape; any of them strided or a NumPy array."""
+    values = values.copy()
+    change = data.draw(st.sampled_from(["none"] * 10 + ["poke"] * 3 + ["alias"] * 2
+                                       + ["dtype"] * 2 + ["shape"]))
+    if change == "alias" and not (values.size and all(isinstance(v, int) for v in values.flat)):
+        change = "none"
+    if change in ("poke", "alias") and values.size:
+        index = data.draw(st.integers(0, values.size - 1))
+        if change == "poke":
+            special = data.draw(st.sampled_from(specials))
+        else:  # a value that int32 or int64 truncation turns into the valid one
+            special = values.reshape(-1)[index]
+            special = int(special) + data.draw(st.sampled_from([2**32, -2**32, 2**33, 2**64]))
+        values.reshape(-1)[index] = special
+        if dtype in INT_DTYPES and isinstance(special, int) and wrap(special, dtype) != special:
+            # the narrowest integer dtype that holds it, so that the op is the one to narrow it
+            dtype = torch.int64 if wrap(special, torch.int64) == special else torch.uint64
+    if change == "dtype":
+        dtype = data.draw(st.sampled_from(dtypes))
+    tensor = tensor_of(values, dtype)
+    if change == "shape":
+        how = data.draw(st.sampled_from(["more dims", "fewer dims", "more rows"]))
+        if how == "more dims":
+            tensor = tensor.unsqueeze(-1)
+        elif how == "fewer dims" and tensor.dim() and tensor.shape[-1]:
+            tensor = tensor[..., 0]
+        elif tensor.dim():
+            tensor = torch.cat((tensor, tensor[:1]), 0)
+    if tensor.dim() and data.draw(st.integers(0, 5)) == 0:
+        wide = torch.zeros(tensor.shape[:-1] + (2 * tensor.shape[-1],), dtype=tensor.dtype)
+        wide[..., ::2] = tensor
+        tensor = wide[..., ::2]
+    if tensor.dtype != torch.bfloat16 and data.draw(st.integers(0, 3)) == 0:
+        return tensor.numpy()
+    return tensor
+
+
+def draw_number(data, choices: list):
+    """A Python or NumPy number of some type, or something that is not one."""
+    value = data.draw(st.sampled_from(choices))
+    form = data.draw(st.integers(0, 19))
+    if form == 0:
+        return bool(value) if not isinstance(value, float) or not math.isnan(value) else True
+    if form == 1:
+        return complex(value)
+    if form == 2 and isinstance(value, int) and -2**63 <= value < 2**63:
+        return np.int64(value)
+    if form == 3 and isinstance(value, float):
+        return np.float32(value) if abs(value) < 3.4e38 or not math.isfinite(value) else value
+    if form == 4:
+        return float(value)
+    return value
+
+
+def draw_per_row(data, batch: int, choices: list, dtype: torch.dtype, specials: list):
+    """A per-row parameter: a number, or a (B,) array of choices."""
+    if data.draw(st.booleans()):
+        return draw_number(data, choices * 3 + specials)
+    values = objects([data.draw(st.sampled_from(choices)) for _ in range(batch)])
+    return draw_array(data, values, dtype, specials)
+
+
+def held(value) -> np.ndarray:
+    """The exact values an array argument holds, as Python numbers."""
+    array = value.numpy() if isinstance(value, torch.Tensor) and value.dtype != torch.bfloat16 \
+        else np.asarray(value.float() if isinstance(value, torch.Tensor) else value)
+    return array.astype(object)
+
+
+def is_integer_array(value) -> bool:
+    dtype = value.dtype if isinstance(value, torch.Tensor) else torch.from_numpy(
+        np.zeros(0, dtype=value.dtype)).dtype
+    return dtype in INT_DTYPES
+
+
+def as_int64(value) -> torch.Tensor:
+    """An integer argument's exact values for the reference (int64; beyond it the same in every
+    op's semantics, so clamped)."""
+    assert is_integer_array(value), f"accepted a non-integer dtype {value.dtype}"
+    values = [min(max(int(v), -2**63), 2**63 - 1) for v in held(value).ravel()]
+    return torch.tensor(values, dtype=torch.int64).reshape(np.shape(value))
+
+
+def bits64(value) -> torch.Tensor:
+    """A seed's or offset's 64-bit pattern as int64 (random.h reads it as uint64)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        assert is_integer_array(value), f"accepted a non-integer dtype {value.dtype}"
+        values = [wrap(int(v), torch.int64) for v in held(value).ravel()]
+        return torch.tensor(values, dtype=torch.int64).reshape(np.shape(value))
+    return torch.tensor(wrap(int(value), torch.int64))
+
+
+def as_float32(value, batch: int) -> torch.Tensor:
+    """A real per-row parameter as the float32 (B,) the kernel reads."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        values = [float(v) for v in held(value).ravel()]
+    else:
+        values = [float(value)] * batch
+    with np.errstate(over="ignore"):
+        return torch.from_numpy(np.array(values, dtype=np.float64).astype(np.float32))
+
+
+def to_torch(value) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+
+
+# ---- checking a call -------------------------------------------------------------------------
+
+def call(op, *args, **kwargs):
+    """(True, outputs) or (False, None) after checking that the error names an argument."""
+    try:
+        return True, op(*args, **kwargs)
+    except (ValueError, TypeError) as error:
+        names = "|".join(inspect.signature(op).parameters)
+        assert re.match(f"^({names}):", str(error)), \
+            f"{type(error).__name__} names no argument of {op.__name__}: {error}"
+        return False, None
+
+
+def oracle(validate: bool, compute):
+    """The reference's outputs, or None where it rejects the input; an op that validated and
+    accepted must not be given an input the reference rejects."""
+    try:
+        return compute()
+    except ValueError as error:
+        assert not validate, f"accepted with validate=True what the reference rejects: {error}"
+        return None
+
+
+def assert_equal(got, want, what: str) -> None:
+    got = to_torch(got)
+    assert got.dtype == want.dtype and torch.equal(got, want), f"{what}: {got} != {want}"
+
+
+def random_tree(data, batch: int, n_max: int, ragged: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(parents (B, N), num_nodes (B,)) of valid trees, padding nodes -1."""
+    parents = np.full((batch, n_max), -1, dtype=object)
+    num_nodes = np.full((batch,), n_max, dtype=object)
+    shape = data.draw(st.sampled_from(["random", "chain", "star"]))
+    for b in range(batch):
+        if ragged:
+            num_nodes[b] = data.draw(st.integers(1, n_max))
+        for i in range(1, num_nodes[b]):
+            parents[b, i] = (i - 1 if shape == "chain" else 0 if shape == "star" else
+                             data.draw(st.integers(0, i - 1)))
+    return parents, num_nodes
+
+
+# ---- one example per op ----------------------------------------------------------------------
+
+def fuzz_select_tree(data) -> bool:
+    batch, m = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 6))
+    validate = data.draw(st.booleans())
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    tokens = objects(torch.randint(0, 50, (batch, m), generator=g).tolist()).reshape(batch, m)
+    parents = objects([[data.draw(st.integers(-1, j - 1)) for j in range(m)] for _ in range(batch)])
+    scores = objects([[data.draw(st.sampled_from([0.0, -0.5, -1.0, -2.5, -math.inf]))
+                       for _ in range(m)] for _ in range(batch)])
+    roots = objects(torch.randint(0, 50, (batch,), generator=g).tolist())
+    args = (draw_array(data, tokens.reshape(batch, m), torch.int64, SPECIAL_INTS),
+            draw_array(data, scores.reshape(batch, m), torch.float32, SPECIAL_FLOATS),
+            draw_array(data, parents.reshape(batch, m), torch.int32, SPECIAL_INTS),
+            draw_array(data, roots, torch.int64, SPECIAL_INTS),
+            draw_number(data, [1, 2, 3, m + 1, m + 2, 1024] + [0, -1, 1025, 2**32 + 1]))
+    returned, tree = call(ops.select_tree, *args, validate=validate)
+    if returned:
+        want = oracle(validate, lambda: reference.select_tree(
+            as_int64(args[0]), to_torch(args[1]), as_int64(args[2]), as_int64(args[3]),
+            int(args[4])))
+        if want is not None:
+            for got, expected, what in zip((tree.tokens, tree.parents, tree.source_index,
+                                            tree.num_nodes), want, ("tokens", "parents",
+                                                                    "source_index", "num_nodes")):
+                assert_equal(got, expected, what)
+    return returned
+
+
+def fuzz_tree_metadata(data) -> bool:
+    batch, n_max = data.draw(st.integers(0, 3)), data.draw(st.sampled_from([1, 2, 3, 5, 33]))
+    validate = data.draw(st.booleans())
+    parents, num_nodes = random_tree(data, batch, n_max, ragged=data.draw(st.booleans()))
+    parents_arg = draw_array(data, parents, torch.int32, SPECIAL_INTS + [n_max])
+    num_nodes_arg = (None if data.draw(st.booleans()) else
+                     draw_array(data, num_nodes, torch.int32, SPECIAL_INTS + [n_max + 1]))
+    cache_len = objects([data.draw(st.integers(0, 100)) for _ in range(batch)])
+    cache_len_arg = (None if data.draw(st.booleans()) else
+                     draw_array(data, cache_len, torch.int64, SPECIAL_INTS))
+    returned, meta = call(ops.tree_metadata, parents_arg, num_nodes_arg, cache_len_arg,
+                          validate=validate)
+    if returned:
+        want = oracle(validate, lambda: reference.tree_metadata(
+            as_int64(parents_arg), None if num_nodes_arg is None else as_int64(num_nodes_arg),
+            None if cache_len_arg is None else as_int64(cache_len_arg)))
+        if want is not None:
+            for got, expected, what in zip((meta.depths, meta.positions, meta.mask), want,
+                                           ("depths", "positions", "mask")):
+                assert_equal(got, expected, what)
+    return returned
+
+
+def fuzz_unpack_tree_mask(data) -> bool:
+    batch, n_max = data.draw(st.integers(0, 3)), data.draw(st.sampled_from([1, 2, 5, 32, 33]))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    words = torch.randint(-2**31, 2**31, (batch, n_max, (n_max + 31) // 32), generator=g)
+    mask = draw_array(data, objects(words.tolist()).reshape(words.shape), torch.int32,
+                      SPECIAL_INTS, dtypes=ALL_DTYPES + [torch.uint32] * 3)
+    num_nodes_max = draw_number(data, [n_max] * 4 + [0, 1, 1025, 2**32 + 1])
+    returned, unpacked = call(ops.unpack_tree_mask, mask, num_nodes_max)
+    if returned:
+        want = oracle(True, lambda: reference.unpack_tree_mask(as_int64(mask), int(num_nodes_max)))
+        assert_equal(unpacked, want, "unpacked mask")
+    return returned
+
+
+def verify_case(data):
+    """A random verification problem: logits, tokens, parents and num_nodes arguments."""
+    batch, n_max = data.draw(st.integers(0, 3)), data.draw(st.integers(1, 5))
+    vocab = data.draw(st.sampled_from([1, 2, 5, 8]))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    parents, num_nodes = random_tree(data, batch, n_max, ragged=data.draw(st.booleans()))
+    tokens = torch.randint(0, vocab, (batch, n_max), generator=g)
+    logits = torch.randn(batch, n_max, vocab, generator=g) * data.draw(st.sampled_from([0, 1, 4]))
+    for b in range(batch):  # make acceptance likely along some edges
+        for i in range(1, n_max):
+            if parents[b, i] >= 0 and float(torch.rand(1, generator=g)) < 0.6:
+                logits[b, parents[b, i], tokens[b, i]] += 5.0
+    logits_arg = draw_array(data, objects(logits.tolist()).reshape(logits.shape), torch.float32,
+                            SPECIAL_FLOATS, dtypes=FLOAT_DTYPES * 3 + ALL_DTYPES)
+    tokens_arg = draw_array(data, objects(tokens.tolist()).reshape(tokens.shape), torch.int64,
+                            SPECIAL_INTS + [vocab])
+    parents_arg = draw_array(data, parents, torch.int32, SPECIAL_INTS + [n_max])
+    num_nodes_arg = (None if data.draw(st.booleans()) else
+                     draw_array(data, num_nodes, torch.int32, SPECIAL_INTS + [n_max + 1]))
+    return (batch, n_max, vocab, g), (logits_arg, tokens_arg, parents_arg, num_nodes_arg)
+
+
+def reference_tree(args):
+    logits, tokens, parents, num_nodes = args
+    return (to_torch(logits), as_int64(tokens), as_int64(parents),
+            None if num_nodes is None else as_int64(num_nodes))
+
+
+def assert_same_verdict(got, want) -> None:
+    for name in ("accept_index", "num_accepted", "emitted_tokens"):
+        assert_equal(getattr(got, name), getattr(want, name), name)
+
+
+def fuzz_verify_tree_greedy(data) -> bool:
+    _, args = verify_case(data)
+    validate = data.draw(st.booleans())
+    returned, verdict = call(ops.verify_tree_greedy, *args, validate=validate)
+    if returned:
+        want = oracle(validate, lambda: reference.verify_tree_greedy(*reference_tree(args)))
+        if want is not None:
+            assert_same_verdict(verdict, want)
+    return returned
+
+
+def fuzz_verify_tree_sampling(data) -> bool:
+    (batch, n_max, vocab, g), args = verify_case(data)
+    validate = data.draw(st.booleans())
+    temperature = draw_per_row(data, batch, [0.0, 1e-6, 0.5, 1.0, 2.0, 1], torch.float32,
+                               SPECIAL_FLOATS + [-1])
+    top_k = draw_per_row(data, batch, [0, 1, 2, vocab, vocab + 1, -1], torch.int32,
+                         SPECIAL_INTS + [2.5])
+    top_p = draw_per_row(data, batch, [1.0, 0.9, 0.5, 1e-6, 1], torch.float32, SPECIAL_FLOATS)
+    kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    if data.draw(st.booleans()):
+        uniforms = torch.rand(batch, n_max, generator=g)
+        kwargs["uniforms"] = draw_array(data, objects(uniforms.tolist()).reshape(uniforms.shape),
+                                        torch.float32, SPECIAL_FLOATS + [1.0, 1 + 2**-23])
+    else:
+        kwargs["seed"] = draw_per_row(data, batch, [0, 1, 12345], torch.int64, SPECIAL_INTS)
+        if data.draw(st.booleans()):
+            kwargs["offset"] = draw_per_row(data, batch, [0, 3, 2**40], torch.int64, SPECIAL_INTS)
+    if data.draw(st.booleans()):
+        q = torch.softmax(torch.randn(batch, n_max, vocab, generator=g) * 2, -1)
+        kwargs["draft_probs"] = draw_array(data, objects(q.tolist()).reshape(q.shape),
+                                           torch.float32, SPECIAL_FLOATS + [-0.5, 1.5])
+    returned, verdict = call(ops.verify_tree_sampling, *args[:3], num_nodes=args[3],
+                             validate=validate, **kwargs)
+    if returned:
+        if validate:  # a positive parameter must not reach the kernel as 0 (float32 rounding)
+            for name in ("temperature", "top_p"):
+                given = held(kwargs[name]) if isinstance(kwargs[name], (torch.Tensor, np.ndarray)) \
+                    else objects([kwargs[name]] * batch)
+                rounded = as_float32(kwargs[name], batch)
+                assert all(float(v) == 0 or r != 0 for v, r in zip(given.ravel(), rounded)), name
+        want = oracle(validate, lambda: reference.verify_tree_sampling(
+            *reference_tree(args)[:3], as_float32(temperature, batch),
+            (as_int64(top_k) if isinstance(top_k, (torch.Tensor, np.ndarray)) else
+             torch.tensor(max(min(int(top_k), 2**63 - 1), -2**63)).expand(batch)),
+            as_float32(top_p, batch), reference_uniforms(kwargs, batch, n_max),
+            draft_probs=(None if "draft_probs" not in kwargs else
+                         to_torch(kwargs["draft_probs"])),
+            num_nodes=reference_tree(args)[3]))
+        if want is not None:
+            assert_same_verdict(verdict, want)
+    return returned
+
+
+def reference_uniforms(kwargs: dict, batch: int, n_max: int) -> torch.Tensor:
+    if "uniforms" in kwargs:
+        return to_torch(kwargs["uniforms"])
+    seeds = bits64(kwargs["seed"]).expand(batch)
+    offsets = bits64(kwargs.get("offset", 0)).expand(batch)
+    return reference.philox_uniforms(seeds.contiguous(), offsets.contiguous(), n_max)
+
+
+def fuzz_compact_kv_(data) -> bool:
+    planes, batch, groups = (data.draw(st.integers(1, 2)), data.draw(st.integers(0, 3)),
+                             data.draw(st.integers(1, 2)))
+    max_len, entry = data.draw(st.integers(0, 7)), data.draw(st.integers(1, 2))
+    n_max = data.draw(st.integers(1, 4))
+    validate = data.draw(st.booleans())
+    token_major = data.draw(st.booleans())
+    shape = (planes, batch, max_len, entry) if token_major else (planes, batch, groups, max_len,
+                                                                  entry)
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float16, torch.int8, torch.bool,
+                                       torch.complex64, torch.int64]))
+    cache = torch.arange(math.prod(shape)).reshape(shape).to(dtype)
+    if data.draw(st.integers(0, 9)) == 0:
+        cache = cache.transpose(0, -1)
+    dims = data.draw(st.sampled_from(
+        [(-3, -2), (1, 2)] if token_major else [(-4, -2), (1, 3), (1, -2)]))
+    if data.draw(st.integers(0, 9)) == 0:  # the same dims in another type, or out of range
+        dims = (draw_number(data, [dims[0], 9, -9]), draw_number(data, [dims[1], 9, -9]))
+    accept, accepted, cache_len = [], [], []
+    for _ in range(batch):
+        count = data.draw(st.integers(1, n_max))
+        path = sorted(data.draw(st.sets(st.integers(1, n_max - 1), min_size=count - 1,
+                                        max_size=count - 1))) if count > 1 else []
+        accept.append([0] + path + [-1] * (n_max - count))
+        accepted.append(count - 1)
+        cache_len.append(data.draw(st.integers(0, max(max_len - 1, 0))))
+    accept_arg = draw_array(data, objects(accept).reshape(batch, n_max), torch.int32,
+                            SPECIAL_INTS + [n_max])
+    accepted_arg = draw_array(data, objects(accepted), torch.int32, SPECIAL_INTS + [n_max])
+    cache_len_arg = draw_array(data, objects(cache_len), torch.int32, SPECIAL_INTS + [max_len])
+    before = cache.clone()
+    if data.draw(st.integers(0, 4)) == 0 and cache.is_contiguous() and dtype != torch.bfloat16:
+        cache = cache.numpy()
+    returned, _ = call(ops.compact_kv_, cache, accept_arg, accepted_arg, cache_len_arg,
+                       batch_dim=dims[0], seq_dim=dims[1], validate=validate)
+    if not returned:
+        assert_equal(cache, before, "cache after an error")
+        return False
+    want = before.clone()
+    status = oracle(validate, lambda: reference.compact_kv_(
+        want if not token_major else want.unsqueeze(2), as_int64(accept_arg),
+        as_int64(accepted_arg), as_int64(cache_len_arg)))
+    if status is not None:
+        assert not validate or not bool(status.any()), f"accepted bad rows: {status}"
+        assert_equal(cache, want, "compacted cache")
+    return True
+
+
+def fuzz_philox_uniforms(data) -> bool:
+    batch = data.draw(st.integers(0, 3))
+    seeds = objects([data.draw(st.sampled_from(SPECIAL_INTS + [12345])) for _ in range(batch)])
+    seeds_arg = draw_array(data, seeds, torch.int64, SPECIAL_INTS)
+    offsets = draw_per_row(data, batch, [0, 5, 2**33, -5], torch.int64, SPECIAL_INTS + [2**64])
+    count = draw_number(data, [0, 1, 2, 5, 33] * 2 + [-1, 2**31, 2**32 + 1, -2**63])
+    returned, uniforms = call(ops.philox_uniforms, seeds_arg, offsets, count)
+    if returned:
+        rows = np.shape(seeds_arg)[0]
+        want = oracle(True, lambda: reference.philox_uniforms(
+            bits64(seeds_arg), bits64(offsets).expand(rows).contiguous(), int(count)))
+        assert_equal(uniforms, want, "uniforms")
+    return returned
+
+
+CASES = {"select_tree": fuzz_select_tree, "tree_metadata": fuzz_tree_metadata,
+         "unpack_tree_mask": fuzz_unpack_tree_mask, "verify_tree_greedy": fuzz_verify_tree_greedy,
+         "verify_tree_sampling": fuzz_verify_tree_sampling, "compact_kv_": fuzz_compact_kv_,
+         "philox_uniforms": fuzz_philox_uniforms}
