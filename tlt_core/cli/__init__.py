@@ -10,7 +10,8 @@
   tlt demo            one speculative verification step on a toy tree, explained
 
 `main.py` builds the tree from the subcommand modules and dispatches; `options.py` derives
-flags from config dataclasses; `config_file.py` reads `--config FILE`. Run as `tlt ...` or
+flags from config dataclasses; `config_file.py` reads `--config FILE`; `run_folder.py` says when
+`tlt train` may use its --out (fresh, --resume, --overwrite, its lock). Run as `tlt ...` or
 `python -m tlt_core.cli ...` (what `torchrun -m tlt_core.cli train` uses).
 """
 

@@ -6,8 +6,9 @@ a time over the worker group (adaptive SD, spot-trained drafter, refresh, watchd
 the math-answer verifier and safe scoring of user reward functions; `data.py` prompt files;
 `inputs.py` what a run trains on; `metrics.py` the stable names of a step's metrics and where
 they are written; `report.py` a run's summary and plots; `checkpoint_io.py` checkpoints as
-folders of safetensors and JSON (atomic, no pickle); `policy_folder.py` a trained policy as a
-Hugging Face folder transformers loads.
+folders of safetensors and JSON (atomic, no pickle); `folder_lock.py` a folder one process
+writes at a time; `policy_folder.py` a trained policy as a Hugging Face folder transformers
+loads; `drafter_warmup.py` the offline drafter training before RL.
 """
 
 from tlt_core.rl.checkpoint_io import (latest_checkpoint, read_state, write_checkpoint,
