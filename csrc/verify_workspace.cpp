@@ -6,9 +6,8 @@
 
 namespace tlt {
 
-// Both draft modes cache the node's weights, so the size does not depend on has_draft_probs.
-int64_t verify_tree_sampling_workspace_bytes(int64_t batch, int64_t vocab,
-                                             bool /*has_draft_probs*/) {
+// Both draft modes cache the visited node's weights: the same size either way.
+int64_t verify_tree_sampling_workspace_bytes(int64_t batch, int64_t vocab) {
   return batch * sampling_workspace_stride(vocab) * static_cast<int64_t>(sizeof(float));
 }
 

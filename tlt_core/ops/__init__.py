@@ -333,7 +333,7 @@ def verify_tree_sampling(logits: Any, tokens: Any, parents: Any, *, temperature:
     outputs = _verify_outputs(batch, n_max, device)
     if batch == 0:  # the kernel takes no empty per-row arrays (their data pointers are null)
         return _finish_verify(outputs, kind, validate=False)
-    workspace_bytes = _C.verify_tree_sampling_workspace_bytes(batch, vocab, draft_t is not None)
+    workspace_bytes = _C.verify_tree_sampling_workspace_bytes(batch, vocab)
     workspace = (torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
                  if workspace_bytes and device.type == "cuda" else None)
     _C.verify_tree_sampling(arr.ptr(logits_t), arr.float_type_code(logits_t, "logits"),

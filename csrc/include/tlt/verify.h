@@ -89,8 +89,7 @@ void verify_tree_greedy_cuda(const void* logits, FloatType logits_type, const in
 // workspace: CUDA needs verify_tree_sampling_workspace_bytes() in either draft mode (where a
 // block's share of a row's V does not fit its shared memory, the visited node's weights are
 // cached there); CPU: nullptr.
-int64_t verify_tree_sampling_workspace_bytes(int64_t batch, int64_t vocab,
-                                             bool has_draft_probs);
+int64_t verify_tree_sampling_workspace_bytes(int64_t batch, int64_t vocab);
 void verify_tree_sampling_cpu(const void* logits, FloatType logits_type,
                               const float* draft_probs, const int64_t* tokens,
                               const int32_t* parents, const int32_t* num_nodes,
