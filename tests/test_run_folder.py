@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,10 +24,9 @@ from tlt_core.rl.checkpoint_io import latest_checkpoint, read_state
 from tlt_core.rl.folder_lock import LOCK_FILE, FolderLockedError, folder_lock
 
 # The smallest `tlt train` that exercises every part of a run folder: a 32-token checkpoint,
-# SD off, 2 prompts x 2 samples of at most 6 tokens per step (about a tenth of a second a step).
-TINY_RUN = ("--no-tlt", "--prompts-per-step", "2", "--samples-per-prompt", "2",
-            "--max-new-tokens", "6", "--minibatch-size", "4", "--max-batch", "4",
-            "--no-progress", "--tensorboard", "off")
+# 2 prompts x 2 samples of at most 6 tokens per step (a fraction of a second a step, SD off).
+TINY_RUN = ("--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "6",
+            "--minibatch-size", "4", "--max-batch", "4", "--no-progress", "--tensorboard", "off")
 
 
 def tiny_train_inputs(root):
@@ -38,17 +38,17 @@ def tiny_train_inputs(root):
     return model, data
 
 
-def tiny_train_argv(model, data, out, *flags):
+def tiny_train_argv(model, data, out, *flags, tlt=False):
     return ["train", "--model", str(model), "--data", str(data), "--out", str(out), *TINY_RUN,
-            *flags]
+            *(() if tlt else ("--no-tlt",)), *flags]
 
 
 @pytest.fixture
 def train(tmp_path):
     model, data = tiny_train_inputs(tmp_path)
 
-    def run(out, *flags):
-        return main(tiny_train_argv(model, data, out, *flags))
+    def run(out, *flags, tlt=False):
+        return main(tiny_train_argv(model, data, out, *flags, tlt=tlt))
 
     return run
 
@@ -99,6 +99,26 @@ def test_resume_never_starts_afresh(tmp_path, train):
     assert resume_point(run / "baseline", resume=True, overwrite=False, nested=True) is None
     with pytest.raises(ValueError, match="has no checkpoint"):
         resume_point(run, resume=True, overwrite=False, nested=True)
+
+
+def test_compare_keeps_and_resumes_its_baseline(tmp_path, train, capsys):
+    """--compare's baseline/ is part of the run in --out: a rerun is refused naming it,
+    --overwrite clears it (its lock file stays), and --resume starts it afresh when no step of
+    it had finished."""
+    run = tmp_path / "run"
+    assert train(run, "--steps", "2", "--compare", tlt=True) == 0
+    assert len((run / "baseline" / "metrics.jsonl").read_text().splitlines()) == 2
+    with pytest.raises(SystemExit, match=r"holds an earlier run \(.*baseline/\)"):
+        train(run, "--steps", "2", "--compare", tlt=True)
+    for part in ("checkpoints", "policy"):  # interrupted before the baseline's first step
+        shutil.rmtree(run / "baseline" / part)
+    (run / "baseline" / "metrics.jsonl").unlink()
+    capsys.readouterr()
+    assert train(run, "--steps", "2", "--compare", "--resume", tlt=True) == 0
+    assert "tlt: resumed at step 2" in capsys.readouterr().out
+    assert len((run / "baseline" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert train(run, "--steps", "1", "--overwrite") == 0  # SD off: no baseline of its own
+    assert sorted(p.name for p in (run / "baseline").iterdir()) == [LOCK_FILE]
 
 
 def test_two_runs_never_share_a_folder(tmp_path, train):

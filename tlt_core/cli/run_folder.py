@@ -45,10 +45,12 @@ class RunFolderError(ValueError):
 
 
 def run_parts(folder: Path) -> list[Path]:
-    """The parts of a run `folder` holds (module docstring)."""
+    """The parts of a run `folder` holds (module docstring); baseline/ counts when it holds a
+    run's parts itself (a lock file alone is no run)."""
     if not folder.is_dir():
         return []
-    return ([folder / name for name in _PART_NAMES if (folder / name).exists()]
+    return ([folder / name for name in _PART_NAMES if (folder / name).exists()
+             and (name != BASELINE_DIR or run_parts(folder / name))]
             + sorted(folder.glob(TENSORBOARD_EVENTS)))
 
 
