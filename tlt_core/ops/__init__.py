@@ -42,8 +42,8 @@ built_with_cuda: bool = _C.built_with_cuda
 # the kernel would report the logits as bad when the temperature is what is wrong. Greedy is 0.
 MIN_TEMPERATURE = 1e-6
 
-# The most uniforms per row philox_uniforms makes in one call: far beyond any tree, and it keeps
-# a mistaken count from asking for an impossible allocation.
+# The most uniforms per row philox_uniforms makes in one call: far beyond what any tree uses, so
+# a larger count is a mistake, reported as one rather than as a failed allocation.
 _MAX_UNIFORMS_PER_ROW = (1 << 31) - 1
 
 # RowStatus codes of csrc/include/tlt/common.h -> (argument, problem), worded per op in the
