@@ -270,17 +270,20 @@ def run_export_policy(args: argparse.Namespace) -> int:
         raise SystemExit(f"tlt export: --run: {run} has no policy folders ({POLICY_DIR}/) and no "
                          f"checkpoints ({CHECKPOINTS_DIR}/); is it a `tlt train` --out folder?")
     step = max(policies.keys() | checkpoints.keys()) if args.step is None else args.step
-    if step in policies:
-        source = policies[step]
-        with atomic_folder(out) as temporary:
-            shutil.copytree(source, temporary, dirs_exist_ok=True)
-    elif step in checkpoints:
-        source = checkpoints[step]
-        _policy_from_checkpoint(source, run, out, step)
-    else:
+    if step not in policies and step not in checkpoints:
         raise SystemExit(f"tlt export: --step: {run} holds no step {step}: policy folders of "
                          f"steps {sorted(policies) or 'none'}, checkpoints of steps "
                          f"{sorted(checkpoints) or 'none'}")
+    try:  # OUT is replaced atomically: a failed write leaves it as it was
+        if step in policies:
+            source = policies[step]
+            with atomic_folder(out) as temporary:
+                shutil.copytree(source, temporary, dirs_exist_ok=True)
+        else:
+            source = checkpoints[step]
+            _policy_from_checkpoint(source, run, out, step)
+    except OSError as error:  # disk full, no permission: it names the path
+        raise SystemExit(f"tlt export: OUT: {error}") from None
     print(f"wrote {out}: the policy of {run} after step {step} (from {source})")
     return 0
 

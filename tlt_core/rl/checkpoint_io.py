@@ -133,8 +133,8 @@ def read_state(folder: str | Path) -> dict:
     for name in (STATE_FILE, TENSORS_FILE):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"checkpoint: {folder} has no {name}")
-    damaged = ("; it was not written by tlt_core or is damaged: resume from another "
-               "checkpoint or start a new run")
+    damaged = ("; it was not written by tlt_core or is damaged: move this checkpoint aside to "
+               "resume from an older one, or start a new run")
     try:
         record = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
