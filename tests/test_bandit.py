@@ -2,11 +2,12 @@
 
 import math
 import random
+import struct
 
 import pytest
 
 from tlt_core import _C
-from tlt_core.adaptive.bandit import PlanBandit
+from tlt_core.adaptive.bandit import MAX_WINDOW, STATE_MAGIC, PlanBandit
 from tlt_core.drafting.tree import Strategy
 
 ARMS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(6, 1, 7), Strategy(4, 2, 8))
@@ -140,3 +141,46 @@ def test_bad_arguments_and_bad_state_are_named():
 def test_bucket_edges():
     raw = _C.BucketBandit([1, 4, 16], 2, 0.0, 4, 0.0, 0)
     assert [raw.bucket(b) for b in (1, 2, 4, 5, 16, 17, 1000)] == [0, 1, 1, 2, 2, 2, 2]
+
+
+def test_bad_input_gets_a_clear_error_window_is_bounded_and_integers_are_integers():
+    with pytest.raises(ValueError, match="window"):
+        PlanBandit(ARMS, window=10**9)
+    PlanBandit(ARMS, window=MAX_WINDOW)
+    for name, value in (("window", 2.5), ("window", True), ("seed", 1.0),
+                        ("bucket_edges", (1, 2.0))):
+        with pytest.raises(TypeError, match=name):
+            PlanBandit(ARMS, **{name: value})
+    with pytest.raises(TypeError, match="epsilon"):
+        PlanBandit(ARMS, epsilon="0.1")
+    bandit = PlanBandit(ARMS)
+    with pytest.raises(TypeError, match="arm"):
+        bandit.update(1, 1.0, 1.0)
+    with pytest.raises(TypeError, match="batch"):
+        bandit.update(True, 0, 1.0)
+
+
+def _patched_state(bandit, offset, fmt, value):
+    state = bandit.state_dict()
+    data = bytearray(state["state"])
+    struct.pack_into(fmt, data, offset, value)
+    return {**state, "state": bytes(data)}
+
+
+def test_bad_input_gets_a_clear_error_for_every_field_of_a_loaded_state():
+    bandit = PlanBandit(ARMS, bucket_edges=(1, 8))
+    _play(bandit, [1.0, 2.0, 3.0, 4.0], 20, 4, random.Random(0))
+    before = bandit.state_dict()
+    head = len(STATE_MAGIC) + 4 + 4 * 2 + 4 + 4  # magic, edges, num_arms, window
+    cell = head + 8 + 8 + 8 + 8  # epsilon, prior_weight, stream, explorations
+    for offset, fmt, value, field in (
+            (head, "=d", 1.5, "epsilon"), (head, "=d", -0.1, "epsilon"),
+            (head, "=d", math.nan, "epsilon"), (head + 8, "=d", math.inf, "prior_weight"),
+            (head + 24, "=q", -1, "explorations"), (cell, "=B", 7, "has_prior"),
+            (cell + 1, "=d", math.nan, "prior"), (cell + 17, "=d", math.inf, "rewards")):
+        with pytest.raises(ValueError, match=field):
+            bandit.load_state_dict(_patched_state(bandit, offset, fmt, value))
+    assert bandit.state_dict() == before  # a refused state leaves the bandit as it was
+    twin = PlanBandit(ARMS, bucket_edges=(1, 8))
+    twin.load_state_dict(before)
+    assert twin.state_dict() == before

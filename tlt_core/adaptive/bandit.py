@@ -9,16 +9,40 @@ is epsilon-greedy over a sliding window of each arm's last `window` rewards, wit
 prior (the cost model's predicted reward) counting as `prior_weight` observations, so it starts
 at the predicted optimum and moves off it only on evidence. Its state, random stream included,
 goes into checkpoints (`state_dict`).
+
+`window` is at most MAX_WINDOW: every (bucket, arm) keeps that many rewards, and a window of
+thousands of steps would average over drafters long since retrained. A loaded state is checked
+field by field before the C++ bandit takes it, so a corrupt or hand-edited checkpoint cannot set
+an epsilon outside [0, 1] or a non-finite reward.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import struct
 from typing import Callable, Sequence
 
 from tlt_core import _C
 from tlt_core.drafting.plan import DraftPlan
 
 DEFAULT_BUCKET_EDGES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MAX_WINDOW = 4096  # rewards kept per (bucket, arm)
+STATE_MAGIC = b"TLTBAND1"  # csrc/bandit.cpp's save_state layout, native byte order
+
+
+def _integer(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 class PlanBandit:
@@ -32,8 +56,15 @@ class PlanBandit:
         keys = [arm.key for arm in self.arms]
         if len(set(keys)) != len(keys):
             raise ValueError(f"arms: duplicate keys in {keys}")
-        self._bandit = _C.BucketBandit(list(bucket_edges), len(self.arms), float(epsilon),
-                                       int(window), float(prior_weight), int(seed) % 2**64)
+        edges = [_integer("bucket_edges", edge, 1) for edge in bucket_edges]
+        window = _integer("window", window, 1)
+        if window > MAX_WINDOW:
+            raise ValueError(f"window: at most {MAX_WINDOW} rewards per (bucket, arm), "
+                             f"got {window}")
+        self._bandit = _C.BucketBandit(edges, len(self.arms), _number("epsilon", epsilon),
+                                       window, _number("prior_weight", prior_weight),
+                                       _integer("seed", seed, 0) % 2**64)
+        self._window = window
 
     @property
     def bucket_edges(self) -> tuple[int, ...]:
@@ -60,8 +91,6 @@ class PlanBandit:
         """The arm the bandit currently believes best at this batch size (no exploration)."""
         return self.arms[self._bandit.best(batch)]
 
-    def update(self, batch: int, arm: int, reward: float) -> None:
-        self._bandit.update(batch, arm, float(reward))
 
     def estimate(self, batch: int, arm: int) -> float:
         return self._bandit.estimate(self._bandit.bucket(batch), arm)
@@ -76,4 +105,47 @@ class PlanBandit:
         arms = [arm.key for arm in self.arms]
         if list(state.get("arms", [])) != arms:
             raise ValueError(f"state: saved for arms {state.get('arms')}, this bandit has {arms}")
-        self._bandit.load_state(bytes(state["state"]))
+        if not isinstance(state.get("state"), (bytes, bytearray)):
+            raise TypeError(f"state: 'state' must be the bytes state_dict() wrote, got "
+                            f"{type(state.get('state')).__name__}")
+        data = bytes(state["state"])
+        _check_state(data, self._window)
+        self._bandit.load_state(data)
+
+    def update(self, batch: int, arm: int, reward: float) -> None:
+        self._bandit.update(_integer("batch", batch, 1), _integer("arm", arm, 0),
+                            _number("reward", reward))
+
+
+def _check_state(data: bytes, window: int) -> None:
+    """Raises naming the field when a saved state's values are out of range; the layout (sizes,
+    edges, arm count) the C++ loader checks itself."""
+    if not data.startswith(STATE_MAGIC):
+        raise ValueError("state: not a tlt bandit state")
+    try:
+        offset = len(STATE_MAGIC)
+        (buckets,) = struct.unpack_from("=i", data, offset)
+        offset += 4 + 4 * max(buckets, 0)
+        arms, saved_window, epsilon, prior_weight, _stream, explorations = struct.unpack_from(
+            "=iiddQq", data, offset)
+        offset += struct.calcsize("=iiddQq")
+        if saved_window != window or buckets < 1 or arms < 1:
+            return  # a state of another shape: the C++ loader says which
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"state: epsilon must be in [0, 1], got {epsilon}")
+        if not (math.isfinite(prior_weight) and prior_weight >= 0):
+            raise ValueError(f"state: prior_weight must be finite and >= 0, got {prior_weight}")
+        if explorations < 0:
+            raise ValueError(f"state: explorations must be >= 0, got {explorations}")
+        cell = struct.Struct(f"=Bdii{window}d")
+        for index in range(buckets * arms):
+            has_prior, prior, _next, _count, *rewards = cell.unpack_from(data, offset)
+            offset += cell.size
+            if has_prior not in (0, 1):
+                raise ValueError(f"state: cell {index} has_prior must be 0 or 1, got {has_prior}")
+            if not math.isfinite(prior):
+                raise ValueError(f"state: cell {index} prior must be finite, got {prior}")
+            if not all(map(math.isfinite, rewards)):
+                raise ValueError(f"state: cell {index} rewards must be finite")
+    except struct.error:
+        return  # truncated: the C++ loader reports it
