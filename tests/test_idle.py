@@ -3,6 +3,8 @@ wrapper's fallback to the engine's signal."""
 
 import json
 import os
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -131,3 +133,47 @@ def test_nvml_on_a_real_gpu_agrees_with_nvidia_ml_py():
     pynvml = pytest.importorskip("pynvml")
     pynvml.nvmlInit()
     assert pynvml.nvmlDeviceGetCount() == probe.device_count()
+
+
+class _SlowProbe:
+    """An NVML stand-in whose utilization read lets other threads run, as the real probe does
+    (it releases the GIL)."""
+
+    available = True
+    error = ""
+
+    def device_count(self):
+        return 1
+
+    def utilization(self, index):
+        time.sleep(0.0005)
+        return 0
+
+
+def test_concurrent_polls_never_go_back_in_time():
+    with pytest.warns(RuntimeWarning):
+        detector = IdleDetector(nvml_library="libnvidia-ml-missing-for-thread-test.so",
+                                idle_after_s=0.0)
+    detector._probe = _SlowProbe()
+    errors = []
+
+    def hammer(has_work):
+        try:
+            for _ in range(200):
+                detector.poll(engine_has_work=has_work)
+        except Exception as error:  # noqa: BLE001 - collected and asserted below
+            errors.append(error)
+
+    threads = [threading.Thread(target=hammer, args=(i % 2 == 0,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert detector.poll(engine_has_work=True) is False and not detector.idle
+
+
+def test_bad_input_gets_a_clear_error_device_index_is_an_int():
+    for value in (1.0, True, "0"):
+        with pytest.raises(TypeError, match="device_index"):
+            IdleDetector(device_index=value)

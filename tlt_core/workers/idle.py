@@ -9,10 +9,14 @@ signal alone.
 The device is found by UUID: NVML numbers every GPU on the machine, CUDA only the visible ones
 (CUDA_VISIBLE_DEVICES, one GPU per rank under torchrun), so CUDA's index 0 is often not NVML's.
 By default the detector watches torch's current CUDA device, matched through its UUID.
+
+Threads may share a detector: the NVML read releases the GIL, so the clock read and the state
+update that follow it are made under one lock, keeping observation times non-decreasing.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from typing import Callable
@@ -32,9 +36,14 @@ class IdleDetector:
                  clock: Callable[[], float] = time.monotonic):
         """device: the CUDA device to watch (default torch's current one), found in NVML by
         UUID; device_index: an NVML index instead (a machine-wide number)."""
+        if device_index is not None and (isinstance(device_index, bool)
+                                         or not isinstance(device_index, int)):
+            raise TypeError(f"device_index: must be an int or None, got "
+                            f"{type(device_index).__name__} {device_index!r}")
         self._machine = _C.IdleStateMachine(utilization_threshold, idle_after_s)
         self._probe = _C.NvmlProbe(nvml_library)
         self._clock = clock
+        self._lock = threading.Lock()  # the state machine and the clock read that feeds it
         if not self._probe.available and self._probe.error not in _warned:
             _warned.add(self._probe.error)
             warnings.warn(f"idle detector: NVML unavailable ({self._probe.error}); deciding on "
@@ -65,11 +74,13 @@ class IdleDetector:
 
     @property
     def idle(self) -> bool:
-        return self._machine.idle
+        with self._lock:
+            return self._machine.idle
 
     @property
     def transitions(self) -> int:
-        return self._machine.transitions
+        with self._lock:
+            return self._machine.transitions
 
     def utilization(self) -> int:
         """The device's utilization percent now, or -1 without NVML."""
@@ -77,12 +88,15 @@ class IdleDetector:
 
     def poll(self, engine_has_work: bool) -> bool:
         """Observe now (clock, NVML) and the engine's signal; True when the worker is idle."""
-        return self._machine.update(self._clock(), self.utilization(), engine_has_work)
+        utilization = self.utilization()  # outside the lock: NVML may take a while
+        with self._lock:
+            return self._machine.update(self._clock(), utilization, engine_has_work)
 
     def observe(self, now_s: float, utilization: float, engine_has_work: bool) -> bool:
         """One recorded observation (utilization < 0: unknown); True when idle. For replaying
         traces; poll() is the live path."""
-        return self._machine.update(now_s, utilization, engine_has_work)
+        with self._lock:
+            return self._machine.update(now_s, utilization, engine_has_work)
 
 
 def nvml_uuid(device: torch.device) -> str:
