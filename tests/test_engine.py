@@ -135,7 +135,8 @@ def test_bad_requests_fail_clearly(model):
         engine.generate([Request([VOCAB + 3], SamplingParams(max_tokens=2))])
     with pytest.raises(TypeError, match=r"requests\[0\]"):
         engine.generate([[1, 2]])
-    for bad, pattern in [(dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
+    for bad, pattern in [(dict(temperature=-1.0), "temperature"),
+                         (dict(temperature=1e-42), "temperature"), (dict(top_p=0.0), "top_p"),
                          (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n:")]:
         with pytest.raises(ValueError, match=pattern):
             SamplingParams(**bad)

@@ -18,6 +18,8 @@ from typing import Sequence
 
 import torch
 
+import tlt_core.ops as ops
+
 # Bucket i holds contexts c with EDGES[i - 1] <= c < EDGES[i]; the first has no lower edge,
 # the last no upper one.
 POSITION_BUCKET_EDGES: tuple[int, ...] = (256, 1024)
@@ -39,6 +41,9 @@ class SamplingParams:
     def __post_init__(self):
         if not (self.temperature >= 0 and self.temperature < float("inf")):
             raise ValueError(f"temperature: must be finite and >= 0, got {self.temperature}")
+        if 0 < self.temperature < ops.MIN_TEMPERATURE:  # the kernels' bound (0 means greedy)
+            raise ValueError(f"temperature: must be 0 (greedy) or >= {ops.MIN_TEMPERATURE}, got "
+                             f"{self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
