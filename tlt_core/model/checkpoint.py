@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from tlt_core.model.placement import DEVICES, resolve_placement
 from tlt_core.model.transformer import ModelConfig, Transformer, rope_inv_freq
+from tlt_core.model.weight_layout import physical_memory_bytes
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -35,7 +36,8 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | str = torch.float3
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"path: checkpoint folder {folder} does not exist")
-    config = ModelConfig.from_hf_config(_read_json(folder / CONFIG_FILE))
+    config = _read_config(folder / CONFIG_FILE)
+    _refuse_what_cannot_fit(config, dtype, device, folder / CONFIG_FILE)
     # Built on the meta device: no memory, no random init; load_state_dict(assign=True) then
     # installs the checkpoint's tensors as the parameters.
     with torch.device("meta"):
@@ -140,13 +142,47 @@ def _names(names: list[str]) -> str:
     return shown + (f", ... ({len(names) - SHOW_NAMES} more)" if len(names) > SHOW_NAMES else "")
 
 
+def _read_config(file: Path) -> ModelConfig:
+    """The model config in config.json `file`; a bad field's error names the field and file."""
+    hf = _read_json(file)
+    try:
+        return ModelConfig.from_hf_config(hf)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{err} (in {file})") from err
+
+
+def _refuse_what_cannot_fit(config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                            file: Path) -> None:
+    """Refuses, before anything is built, a config whose parameters alone exceed the device's
+    memory: a typo such as num_hidden_layers 10**7 would otherwise spend minutes building a
+    model that cannot load."""
+    if device.type == "cpu":
+        memory = physical_memory_bytes()
+    elif device.type == "cuda" and torch.cuda.is_available():
+        memory = torch.cuda.get_device_properties(device).total_memory
+    else:
+        memory = None
+    needed = config.num_parameters() * dtype.itemsize
+    if memory is not None and needed > memory:
+        raise ValueError(
+            f"{file}: the config describes {config.num_parameters():,} parameters "
+            f"({needed / 2**30:,.1f} GiB in {dtype}), more than the {device} memory "
+            f"({memory / 2**30:,.1f} GiB); check num_hidden_layers ({config.num_layers}), "
+            f"hidden_size ({config.hidden_size}), intermediate_size "
+            f"({config.intermediate_size}), vocab_size ({config.vocab_size}), "
+            f"num_attention_heads ({config.num_heads}) and head_dim ({config.head_dim})")
+
+
 def _read_json(file: Path) -> dict[str, Any]:
     if not file.is_file():
         raise FileNotFoundError(f"{file.name}: {file} does not exist")
     try:
-        return json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        value = json.loads(file.read_bytes().decode("utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ValueError(f"{file}: not valid JSON ({err})") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{file}: must hold a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _weight_files(folder: Path) -> dict[Path, list[str] | None]:

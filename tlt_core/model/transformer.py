@@ -20,6 +20,7 @@ H_q / H_kv query / key-value heads, d head_dim.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -37,6 +38,42 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                  "Qwen3ForCausalLM": "qwen3"}
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                     "original_max_position_embeddings")
+# config.json keys whose null transformers reads as "derive it" (or, for rope_theta, "take it
+# from rope_parameters"); any other null is refused.
+NULL_IS_ABSENT = frozenset({"architectures", "head_dim", "num_key_value_heads", "rope_scaling",
+                            "rope_parameters", "rope_theta"})
+_NO_DEFAULT = object()
+
+
+def _hf_value(hf: dict[str, Any], key: str, kind: type, default: Any = _NO_DEFAULT, *,
+              field: str | None = None) -> Any:
+    """hf[key] (or `default` when absent), checked to be of JSON type `kind`: int excludes
+    bool and float, float takes finite ints and floats, bool takes only true/false."""
+    field = field or key
+    if key not in hf:
+        if default is _NO_DEFAULT:
+            raise ValueError(f"{field}: missing")
+        return default
+    value = hf[key]
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{field}: must be a number, got {_json_repr(value)}")
+        if not math.isfinite(value):
+            raise ValueError(f"{field}: must be finite, got {value}")
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        expected = {int: "an integer", bool: "true or false", str: "a string",
+                    dict: "an object"}[kind]
+        raise TypeError(f"{field}: must be {expected}, got {_json_repr(value)}")
+    if kind is int and value < 1:
+        raise ValueError(f"{field}: must be >= 1, got {value}")
+    return value
+
+
+def _json_repr(value: Any) -> str:
+    kind = {type(None): "null", bool: "bool", int: "integer", float: "number", str: "string",
+            list: "list", dict: "object"}.get(type(value), type(value).__name__)
+    return f"{kind} {json.dumps(value, default=repr) if kind != 'object' else '{...}'}"[:80]
 
 
 @dataclass(frozen=True)
@@ -68,8 +105,11 @@ class ModelConfig:
             raise ValueError(f"family: expected one of {FAMILIES}, got {self.family!r}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "max_position_embeddings"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be an int >= 1, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}: must be an int, got {type(value).__name__} {value!r}")
+            if value < 1:
+                raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads: num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
@@ -98,9 +138,21 @@ class ModelConfig:
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any]) -> ModelConfig:
         """From a transformers config.json dict (Llama/Qwen2/Qwen3ForCausalLM), old-style
-        `rope_theta` + `rope_scaling` or transformers-5 `rope_parameters`."""
-        names = hf.get("architectures") or [
-            arch for arch, family in ARCHITECTURES.items() if family == hf.get("model_type")]
+        `rope_theta` + `rope_scaling` or transformers-5 `rope_parameters`.
+
+        JSON types are strict: a string is not a bool ("false" would read as true), a bool is
+        not an int, and null means "absent" only where transformers derives the value from
+        null (NULL_IS_ABSENT). Errors name the config.json key."""
+        if not isinstance(hf, dict):
+            raise TypeError(f"config: must be a JSON object, got {type(hf).__name__}")
+        hf = {key: value for key, value in hf.items()
+              if not (value is None and key in NULL_IS_ABSENT)}
+        names = hf.get("architectures")
+        if names is not None and (not isinstance(names, list)
+                                  or not all(isinstance(name, str) for name in names)):
+            raise TypeError(f"architectures: must be a list of strings, got {names!r}")
+        model_type = _hf_value(hf, "model_type", str, None)
+        names = names or [arch for arch, family in ARCHITECTURES.items() if family == model_type]
         arch = names[0] if names else None
         if arch not in ARCHITECTURES:
             raise ValueError(f"architectures: {arch or 'none given'} is not supported; supported: "
@@ -110,39 +162,66 @@ class ModelConfig:
                                   "num_hidden_layers", "num_attention_heads") if key not in hf]
         if absent:
             raise ValueError(f"{', '.join(absent)}: missing from the {arch} config")
-        if hf.get("hidden_act", "silu") != "silu":
+        if _hf_value(hf, "hidden_act", str, "silu") != "silu":
             raise ValueError(f"hidden_act: only silu (SwiGLU) is supported, got {hf['hidden_act']!r}")
-        if hf.get("mlp_bias", False):
+        if _hf_value(hf, "mlp_bias", bool, False):
             raise ValueError("mlp_bias: MLP biases are not supported")
-        if hf.get("use_sliding_window", False):
+        if _hf_value(hf, "use_sliding_window", bool, False):
             raise ValueError("use_sliding_window: sliding-window attention is not supported")
-        heads = hf["num_attention_heads"]
+        hidden = _hf_value(hf, "hidden_size", int)
+        heads = _hf_value(hf, "num_attention_heads", int)
         # transformers' Qwen3Config defaults head_dim to 128; the others derive it.
-        head_dim = hf.get("head_dim") or (128 if family == "qwen3" else hf["hidden_size"] // heads)
+        head_dim = _hf_value(hf, "head_dim", int,
+                             128 if family == "qwen3" else hidden // heads)
         # Legacy rope_scaling wins over rope_parameters, as in transformers 5.
-        rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+        for key in ("rope_scaling", "rope_parameters"):
+            _hf_value(hf, key, dict, {})
+        rope_key = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+        rope = dict(hf.get(rope_key) or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if not isinstance(rope_type, str):
+            raise TypeError(f"{rope_key}: rope_type must be a string, got {rope_type!r}")
         rope_scaling = None
         if rope_type == "llama3":
             rope.setdefault("original_max_position_embeddings",
                             hf.get("max_position_embeddings", 2048))
-            rope_scaling = {"rope_type": "llama3",
-                            **{key: rope[key] for key in LLAMA3_ROPE_KEYS if key in rope}}
+            rope_scaling = {"rope_type": "llama3"}
+            for key in LLAMA3_ROPE_KEYS:
+                if key in rope:
+                    kind = int if key == "original_max_position_embeddings" else float
+                    rope_scaling[key] = _hf_value(rope, key, kind, field=f"{rope_key}.{key}")
         elif rope_type != "default":
             raise ValueError(f"rope_scaling: rope_type {rope_type!r} is not supported "
                              "(supported: default, llama3)")
+        rope_theta = _hf_value(hf, "rope_theta", float, 10000.0)
+        if "rope_theta" in rope:
+            rope_theta = _hf_value(rope, "rope_theta", float, field=f"{rope_key}.rope_theta")
         return cls(
-            family=family, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-            num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=head_dim, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=hf.get("max_position_embeddings",
-                                           2048 if family == "llama" else 32768),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=True if family == "qwen2" else bool(hf.get("attention_bias", False)),
+            family=family, vocab_size=_hf_value(hf, "vocab_size", int), hidden_size=hidden,
+            intermediate_size=_hf_value(hf, "intermediate_size", int),
+            num_layers=_hf_value(hf, "num_hidden_layers", int), num_heads=heads,
+            num_kv_heads=_hf_value(hf, "num_key_value_heads", int, heads),
+            head_dim=head_dim, rms_norm_eps=_hf_value(hf, "rms_norm_eps", float, 1e-6),
+            rope_theta=rope_theta, rope_scaling=rope_scaling,
+            max_position_embeddings=_hf_value(hf, "max_position_embeddings", int,
+                                              2048 if family == "llama" else 32768),
+            tie_word_embeddings=_hf_value(hf, "tie_word_embeddings", bool, False),
+            attention_bias=(True if family == "qwen2"
+                            else _hf_value(hf, "attention_bias", bool, False)),
             qk_norm=family == "qwen3")
+
+    def num_parameters(self) -> int:
+        """Parameters a Transformer of this config holds (the tied LM head counted once)."""
+        hidden, q_size = self.hidden_size, self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        attention = hidden * (q_size + 2 * kv_size) + q_size * hidden
+        if self.attention_bias:
+            attention += q_size + 2 * kv_size + (hidden if self.family != "qwen2" else 0)
+        if self.qk_norm:
+            attention += 2 * self.head_dim
+        layer = attention + 3 * hidden * self.intermediate_size + 2 * hidden  # + 2 RMSNorms
+        embeddings = self.vocab_size * hidden * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + embeddings + hidden  # + the final norm
 
     def to_hf_config(self) -> dict[str, Any]:
         """A config.json dict transformers loads (both the 4.x keys and 5.x `rope_parameters`)."""
