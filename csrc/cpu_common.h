@@ -26,6 +26,14 @@ inline void check_vocab(int64_t vocab) {
           "V must be in [1, " + std::to_string(kMaxVocab) + "]");
 }
 
+inline void check_float_type(FloatType type, const char* argument) {
+  require(type == FloatType::kFloat32 || type == FloatType::kFloat16 ||
+              type == FloatType::kBFloat16,
+          argument,
+          "type code " + std::to_string(static_cast<int32_t>(type)) +
+              " is not a FloatType (0 float32, 1 float16, 2 bfloat16)");
+}
+
 inline float bits_to_float(uint32_t bits) {
   float value;
   std::memcpy(&value, &bits, sizeof(value));

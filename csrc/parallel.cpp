@@ -2,11 +2,15 @@
 // whichever job was published last.
 #include "parallel.h"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -18,19 +22,43 @@ struct Job {
   const int64_t n;
   const std::function<void(int64_t)>& body;  // valid while claimed rows remain unfinished
   std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
+  std::atomic<int64_t> done{0};  // rows finished: run, failed or skipped after a failure
+  std::atomic<bool> failed{false};
   std::mutex mutex;
   std::condition_variable finished;
+  std::exception_ptr error;  // the first row's exception; guarded by `mutex`
 
-  // Claims and runs rows until none are left.
+  // Claims and runs rows until none are left. Never throws: a worker thread that let an
+  // exception escape would end the process in std::terminate.
   void work() {
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-      body(i);
+      if (!failed.load()) {
+        try {
+          body(i);
+        } catch (...) {
+          record(std::current_exception());
+        }
+      }
       if (done.fetch_add(1) + 1 == n) {
         std::lock_guard<std::mutex> lock(mutex);
         finished.notify_all();
       }
     }
+  }
+
+  // Waits until every row is finished (so no thread still uses `body`), then rethrows the
+  // first row's exception, if any.
+  void wait_and_rethrow() {
+    std::unique_lock<std::mutex> lock(mutex);
+    finished.wait(lock, [&] { return done.load() == n; });
+    if (error) std::rethrow_exception(error);
+  }
+
+ private:
+  void record(std::exception_ptr exception) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!error) error = std::move(exception);
+    failed.store(true);
   }
 };
 
@@ -45,18 +73,18 @@ int configured_threads() {
   return hardware == 0 ? 1 : static_cast<int>(hardware);
 }
 
+// Never destroyed (see `current` below), so the workers loop until the process ends.
 class Pool {
  public:
   explicit Pool(int workers) {
-    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { loop(); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
+    threads_.reserve(workers);  // so only the thread's creation can throw below
+    for (int w = 0; w < workers; ++w) {
+      try {
+        threads_.emplace_back([this] { loop(); });
+      } catch (const std::system_error&) {
+        break;  // the OS refused the thread (RLIMIT_NPROC, no memory for its stack)
+      }
     }
-    wake_.notify_all();
-    for (std::thread& thread : threads_) thread.join();
   }
   bool has_workers() const { return !threads_.empty(); }
 
@@ -70,14 +98,13 @@ class Pool {
   }
 
  private:
-  void loop() {
+  [[noreturn]] void loop() {
     uint64_t seen = 0;
     for (;;) {
       std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-        if (stopping_) return;
+        wake_.wait(lock, [&] { return generation_ != seen; });
         seen = generation_;
         job = job_;
       }
@@ -90,12 +117,42 @@ class Pool {
   std::condition_variable wake_;
   std::shared_ptr<Job> job_;
   uint64_t generation_ = 0;
-  bool stopping_ = false;
 };
 
+// The process's pool, started on first use. It is never destroyed: joining the workers at exit
+// could wait for a kernel that a daemon thread is still running, and the OS ends them anyway.
+//
+// fork() copies only the forking thread, so a child must not use its parent's pool: its
+// workers are gone and its mutex and condition variable may be in the middle of another
+// thread's operation. The fork handlers below hold `start_mutex` across fork() (so no thread is
+// half-way through starting a pool) and give the child no pool at all: its first kernel starts
+// a fresh one. The parent's pool object is left to leak in the child; destroying it would join
+// threads that do not exist there.
+std::mutex start_mutex;
+std::atomic<Pool*> current{nullptr};
+bool fork_handlers_registered = false;  // guarded by start_mutex; a child inherits the handlers
+
+void before_fork() { start_mutex.lock(); }
+void after_fork_in_parent() { start_mutex.unlock(); }
+void after_fork_in_child() {
+  current.store(nullptr);
+  start_mutex.unlock();  // held by this thread, the only one the child has
+}
+
 Pool& pool() {
-  static Pool instance(configured_threads() - 1);
-  return instance;
+  if (Pool* started = current.load()) return *started;
+  std::lock_guard<std::mutex> lock(start_mutex);
+  if (!fork_handlers_registered) {
+    if (const int err = pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child))
+      throw std::system_error(err, std::generic_category(), "tlt thread pool: pthread_atfork");
+    fork_handlers_registered = true;
+  }
+  Pool* started = current.load();
+  if (!started) {
+    started = new Pool(configured_threads() - 1);
+    current.store(started);
+  }
+  return *started;
 }
 
 }  // namespace
@@ -109,8 +166,7 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& body) {
   auto job = std::make_shared<Job>(n, body);
   pool().publish(job);
   job->work();
-  std::unique_lock<std::mutex> lock(job->mutex);
-  job->finished.wait(lock, [&] { return job->done.load() == n; });
+  job->wait_and_rethrow();
 }
 
 }  // namespace tlt::cpu

@@ -13,8 +13,17 @@
 
 namespace tlt::cpu {
 
-// Runs body(i) for every i in [0, n) on the calling thread and the pool's workers. body must
-// not throw. Threads in all: TLT_NUM_THREADS, else OMP_NUM_THREADS, else the hardware's.
+// Runs body(i) for every i in [0, n) on the calling thread and the pool's workers. Threads in
+// all: TLT_NUM_THREADS, else OMP_NUM_THREADS, else the hardware's.
+//
+// If body throws (std::bad_alloc from a row's scratch, say), rows not yet started are skipped,
+// parallel_for waits for the rows already running and rethrows the first exception on the
+// calling thread, so a binding can turn it into a Python exception instead of std::terminate.
+//
+// The pool starts on first use. Where the OS refuses a worker thread, the pool keeps the ones it
+// got (possibly none: the caller then runs every row), so a thread limit slows kernels down but
+// never fails them. A forked child starts a fresh pool on its first call: the parent's workers
+// do not exist there.
 void parallel_for(int64_t n, const std::function<void(int64_t)>& body);
 
 }  // namespace tlt::cpu

@@ -25,11 +25,10 @@ struct Scratch {
 };
 Scratch& thread_scratch(int64_t vocab) {
   thread_local Scratch scratch;
-  if (static_cast<int64_t>(scratch.logits.size()) < vocab) {
-    scratch.logits.resize(vocab);
-    scratch.weights.resize(vocab);
-    scratch.select.resize(vocab);
-  }
+  // Each buffer is sized on its own: when one resize throws std::bad_alloc, the buffers grown
+  // before it must not pass for the whole set on the next call.
+  for (std::vector<float>* buffer : {&scratch.logits, &scratch.weights, &scratch.select})
+    if (static_cast<int64_t>(buffer->size()) < vocab) buffer->resize(vocab);
   return scratch;
 }
 
@@ -302,6 +301,7 @@ void verify_tree_greedy_cpu(const void* logits, FloatType logits_type, const int
                             float* emitted_logprobs, int32_t* row_status) {
   cpu::check_common_sizes(batch, num_nodes_max);
   cpu::check_vocab(vocab);
+  cpu::check_float_type(logits_type, "logits_type");
   // Greedy is the temperature-0 case of the sampling walk, with no randomness needed.
   const VerifyProblem pb{logits,  logits_type, nullptr, tokens,        parents, num_nodes,
                          nullptr, nullptr,     nullptr, nullptr,       num_nodes_max, vocab};
@@ -319,6 +319,8 @@ void verify_tree_sampling_cpu(const void* logits, FloatType logits_type,
                               float* emitted_logprobs, int32_t* row_status) {
   cpu::check_common_sizes(batch, num_nodes_max);
   cpu::check_vocab(vocab);
+  cpu::check_float_type(logits_type, "logits_type");
+  if (batch == 0) return;  // nothing to read: empty arrays may come with null pointers
   cpu::require(temperature && top_k && top_p, "temperature/top_k/top_p", "must not be null");
   cpu::require(uniforms != nullptr, "uniforms", "must not be null");
   const VerifyProblem pb{logits,      logits_type, draft_probs, tokens,        parents, num_nodes,

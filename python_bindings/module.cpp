@@ -1,6 +1,7 @@
 // tlt_core._C: the thin pybind11 layer over csrc/. It takes raw data pointers (Python ints)
 // that tlt_core.ops has already validated, dispatches to the CPU or CUDA implementation, and
-// releases the GIL while a kernel runs. Argument checking beyond sizes lives in tlt_core.ops.
+// releases the GIL while a kernel runs. Argument checking beyond sizes, type codes and the
+// device lives in tlt_core.ops: a raw pointer cannot be checked here.
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -24,6 +25,11 @@ namespace {
 
 // A device of -1 means the host; >= 0 is a CUDA device whose current stream is `stream`.
 struct Target {
+  Target(int64_t device, uintptr_t stream) : device(device), stream(stream) {
+    if (device < -1)
+      throw std::invalid_argument("device: must be -1 (the host) or a CUDA device index, got " +
+                                  std::to_string(device));
+  }
   int64_t device;
   uintptr_t stream;
   bool cuda() const { return device >= 0; }
