@@ -10,7 +10,9 @@ import torch.multiprocessing as mp
 
 from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
 from tlt_core.rl.data import DataError, load_prompts
+from tlt_core.adaptive.policy import AdaptivePolicy
 from tlt_core.adaptive.sd_switch import SDSwitch
+from tlt_core.drafting.tree import Strategy
 from tlt_core.rl.rewards import math_answer, math_reward, normalize_answer, score_all
 from tlt_core.rl.checkpoint_io import latest_checkpoint
 from tlt_core.rl.driver import GRPODriver, Prompt, TrainConfig
@@ -97,13 +99,14 @@ def test_tlt_rollout_logprobs_match_and_drafter_state_is_checkpointed(tmp_path):
     drafter = train_drafter(target)
     trainer = GRPODriver(target, toy_prompts(), toy_reward, detokenize, (),
                           small(tlt=True, steps=2, lr=1e-4), drafter=drafter)
-    trainer.adaptive.switch = SDSwitch(on_at=16)  # calibration may find SD not worth it here
+    # One plan, SD on at every size: the bandit and the calibration choose by measured step
+    # times, which on a loaded machine can settle on a shallow chain that the watchdog then
+    # turns off; what this test checks does not depend on that choice.
+    trainer.adaptive = AdaptivePolicy((Strategy(6, 1, 7),), SDSwitch(on_at=16))
     for _ in range(2):
         metrics = trainer.step()
         assert metrics["logprob_gap"] < 1e-4
-        # the bandit picks plans by measured step times, so on a loaded machine it may settle
-        # on a shallow chain (accepting little at T = 1): assert drafts are accepted at all
-        assert metrics["sd_on_share"] > 0 and metrics["acceptance_length"] > 1.0
+        assert metrics["sd_on_share"] > 0 and metrics["acceptance_length"] > 1.5
         assert metrics["drafter_event"] == "ok"
     state = trainer.state_dict()
     assert {"drafter", "adaptive", "optimizer", "rng"} <= set(state)
