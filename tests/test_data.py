@@ -223,3 +223,56 @@ def test_the_committed_set_is_the_generated_one(tmp_path):
     write_jsonl('tests/data/arithmetic-32.jsonl', generate_problems(32, seed=0))" """
     write_jsonl(tmp_path / "fresh.jsonl", generate_problems(32, seed=0))
     assert (tmp_path / "fresh.jsonl").read_bytes() == COMMITTED.read_bytes()
+
+
+# Bad input gets a clear error, and in skip mode no row aborts the load.
+
+def test_bad_input_gets_a_clear_error_no_row_aborts_a_skipping_load(tmp_path):
+    path = write_lines(tmp_path / "data.jsonl", [
+        '{"prompt": "big", "answer": ' + "9" * 5000 + "}",
+        "[" * 100_000 + "]" * 100_000,
+        {"prompt": "deep", "answer": "1", "meta": [[[[[[[[[[1]]]]]]]]]]},
+        {"prompt": "2+2?", "answer": "4"},
+    ])
+    data = load_prompts(path, on_bad_rows="skip")
+    assert summary(data) == [("deep", "1", 3), ("2+2?", "4", 4)]
+    assert [line for line, _ in data.bad_rows] == [1, 2]
+    with pytest.raises(DataError, match="line 1.*line 2"):
+        load_prompts(path, on_bad_rows="error")
+
+
+def test_bad_input_gets_a_clear_error_non_finite_answers_are_refused(tmp_path):
+    path = write_lines(tmp_path / "data.jsonl", [
+        '{"prompt": "a", "answer": NaN}', '{"prompt": "b", "answer": -Infinity}',
+        '{"prompt": "c", "answer": 1e999}', {"prompt": "d", "answer": "nan"},
+        {"prompt": "e", "answer": "Work.\n#### inf"}, {"prompt": "f", "answer": "1e999"},
+        {"prompt": "g", "answer": "1e99"}, {"prompt": "h", "answer": "infinite"}])
+    data = load_prompts(path)
+    assert summary(data) == [("g", "1e99", 7), ("h", "infinite", 8)]
+    assert [line for line, _ in data.bad_rows] == [1, 2, 3, 4, 5, 6]
+    assert "non-finite" in data.bad_rows[3][1]
+
+
+def test_nothing_a_user_gave_is_lost_bom_and_non_utf8_lines(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "caf\xc3\xa9?", "answer": "1"}\n'
+                     b'{"prompt": "caf\xe9?", "answer": "2"}\n'  # Latin-1
+                     b'{"prompt": "ok", "answer": "3"}\n')
+    data = load_prompts(path)
+    assert summary(data) == [("café?", "1", 1), ("ok", "3", 3)]
+    assert data.bad_rows == [(2, "not UTF-8 (byte 0xe9 at column 16); re-save the file as "
+                                 "UTF-8")]
+    with pytest.raises(DataError, match="line 2: not UTF-8"):
+        load_prompts(path, on_bad_rows="error")
+
+
+def test_bad_input_gets_a_clear_error_corrupt_parquet_names_the_file(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist([GSM8K_ROW]), path)
+    data = path.read_bytes()
+    for broken in (data[: len(data) // 2], b"not parquet at all", b""):
+        path.write_bytes(broken)
+        with pytest.raises(DataError, match="data.parquet"):
+            load_prompts(path)

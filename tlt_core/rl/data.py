@@ -19,15 +19,19 @@ Dataset.answer_key say which was used.
 - A prompt is a non-empty string, or chat messages: a list of {"role": str, "content": str}
   objects (roles in ROLES) with a user message. Example.messages keeps them; Example.prompt is
   the last user message's text, which is what a reward function sees.
-- An answer is a non-empty string or a finite number (written as text). A worked solution
+- An answer is a non-empty string or a finite number (written as text); a final answer that
+  reads as a non-finite number ("nan", "inf", "1e999") is refused, since no response equals it. A worked solution
   (GSM8K's "... #### 72", a MATH solution ending in a `\\boxed{}`) gives Example.answer its final
   answer, by `rewards.reference_answer`, and keeps the full text as Example.solution.
 
-Bad rows. A malformed row — not JSON, not an object, a field missing, empty or of the wrong
+Bad rows. A malformed row — not UTF-8, not JSON (or JSON Python cannot hold: nested thousands
+deep, an integer of thousands of digits), not an object, a field missing, empty or of the wrong
 type — is reported with its line (JSON Lines) or row (other formats) number, 1-based;
 `on_bad_rows="skip"` keeps going without it (the report says how many and which), `"error"`
 raises `DataError` listing them (at most 10 shown). Nothing is dropped silently, and data with no
-good row is an error either way. A file `datasets` cannot read at all is a `DataError` naming it.
+good row is an error either way. A line that is not UTF-8 is reported as bad, never decoded into
+other characters; a UTF-8 byte-order mark opening the file is skipped. A file pyarrow or
+`datasets` cannot read at all is a `DataError` naming it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ PROMPT_KEYS = ("prompt", "question", "problem", "messages")
 ANSWER_KEYS = ("answer", "solution", "reference")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 DATASETS_FORMATS = {".csv": "csv", ".json": "json"}  # suffix -> datasets' builder
+UTF8_BOM = b"\xef\xbb\xbf"  # some editors start a UTF-8 file with it
 
 
 class DataError(ValueError):
@@ -105,6 +110,8 @@ def load_prompts(path: str | Path, *, prompt_key: str | None = None,
                             else _prompt_only(row, number, prompt_field))
         except _BadRow as why:
             bad.append((number, str(why)))
+        except (ValueError, RecursionError) as error:  # a value Python cannot handle as text
+            bad.append((number, f"unreadable value ({type(error).__name__}: {error})"[:200]))
     if bad and on_bad_rows == "error":
         shown = "; ".join(f"{unit} {number}: {why}" for number, why in bad[:10])
         raise DataError(f"data: {len(bad)} malformed rows in {path} ({shown}); fix them or "
@@ -147,7 +154,18 @@ def _example(row: dict, number: int, prompt_field: str | None,
     if not final:
         raise _BadRow(f"'{answer_field}' has an empty final answer (after '####' or in "
                       "\\boxed{})")
+    if _is_non_finite_number(final):
+        raise _BadRow(f"'{answer_field}' has a non-finite final answer {final!r}; no response "
+                      "can equal it")
     return Example(prompt, final, number, text if final != text.strip() else None, messages)
+
+
+def _is_non_finite_number(text: str) -> bool:
+    """"nan", "inf", "-Infinity", "1e999": text that reads as a float that is not finite."""
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _prompt(value, field: str) -> tuple[str, tuple[dict, ...] | None]:
@@ -188,14 +206,27 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[tuple[int, object]], 
 
 
 def _jsonl_rows(path: Path):
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for line, text in enumerate(handle, start=1):
+    # Bytes, decoded line by line: a line that is not UTF-8 is reported, never altered.
+    with path.open("rb") as handle:
+        for line, raw in enumerate(handle, start=1):
+            if line == 1:
+                raw = raw.removeprefix(UTF8_BOM)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                yield line, (f"not UTF-8 (byte 0x{raw[error.start]:02x} at column "
+                             f"{error.start + 1}); re-save the file as UTF-8")
+                continue
             if not text.strip():
                 continue
             try:
                 yield line, json.loads(text)
             except json.JSONDecodeError as error:
                 yield line, f"not JSON ({error.msg})"
+            except RecursionError:
+                yield line, "not JSON we can read (nested too deeply)"
+            except ValueError as error:  # e.g. an integer of more than 4300 digits
+                yield line, f"not JSON we can read ({error})"[:200]
 
 
 def _parquet_rows(path: Path):
@@ -204,7 +235,13 @@ def _parquet_rows(path: Path):
     except ImportError:
         raise DataError("data: reading Parquet needs pyarrow (pip install pyarrow); or convert "
                         "the file to JSONL") from None
-    table = pq.read_table(path)
+    import pyarrow
+
+    try:
+        table = pq.read_table(path)
+    except (pyarrow.ArrowException, OSError) as error:
+        raise DataError(f"data: cannot read {path} as Parquet ({type(error).__name__}: "
+                        f"{error})") from error
     return enumerate(table.to_pylist(), start=1)
 
 
