@@ -151,3 +151,15 @@ def test_a_non_string_argument_is_named():
         math_reward("", "1", 1)
     with pytest.raises(TypeError, match="response"):
         format_reward("", 12, "12")
+
+
+def test_bad_input_gets_a_clear_error_huge_numbers_compare_as_text_without_crashing():
+    """Python refuses int strings over 4300 digits and 10**999999999 never finishes; a response
+    (or reference) holding such a number is scored, as written text, in well under a second."""
+    huge = "9" * 5000
+    assert normalize_answer(huge) == huge
+    assert normalize_answer("1e999999999") == "1e999999999"
+    assert normalize_answer("1/" + huge) == "1/" + huge
+    assert math_reward("q", f"The answer is \\boxed{{{huge}}}", huge) == 1.0
+    assert math_reward("q", "\\boxed{1e999999999}", "1") == 0.0
+    assert normalize_answer("1.5e3") == "1500"  # ordinary numbers are still exact

@@ -47,6 +47,9 @@ import math_verify
 
 RewardFn = Callable[[str, str, str], float]
 
+# Numbers with more digits, or a larger exponent, compare as written text: Python refuses to
+# turn more than 4300 digits into an int, and "1e999999999" would take 10**999999999 to build.
+MAX_EXACT_DIGITS = 1000
 TIMEOUT_S = 2  # seconds for each math-verify parse and comparison (an int: signal.alarm's unit)
 
 _INTEGER = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)"  # commas only as thousands separators
@@ -146,7 +149,10 @@ def reference_answer(text: str) -> str:
 
 
 def _exact_number(text: str) -> Fraction | None:
-    if not _PLAIN_NUMBER.fullmatch(text):
+    if not _PLAIN_NUMBER.fullmatch(text) or sum(c.isdigit() for c in text) > MAX_EXACT_DIGITS:
+        return None
+    exponent = re.search(r"[eE]([-+]?\d+)", text)
+    if exponent and abs(int(exponent.group(1))) > MAX_EXACT_DIGITS:
         return None
     numerator, _, denominator = text.replace(",", "").partition("/")
     try:
