@@ -109,3 +109,12 @@ def test_bad_input_gets_a_clear_error_model_config_integers_are_not_bools_or_flo
         ModelConfig(num_layers=True)
     with pytest.raises(TypeError, match="hidden_size"):
         ModelConfig(hidden_size=64.0)
+
+
+def test_bad_input_gets_a_clear_error_index_shards_are_file_names(tiny_checkpoint):
+    (tiny_checkpoint / "model.safetensors").rename(tiny_checkpoint / "shard.safetensors")
+    for shard in (None, 3, ["shard.safetensors"]):
+        (tiny_checkpoint / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"model.norm.weight": shard}}))
+        with pytest.raises(ValueError, match=r"weight_map\['model.norm.weight'\]"):
+            load_checkpoint(tiny_checkpoint)

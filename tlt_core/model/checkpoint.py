@@ -193,6 +193,9 @@ def _weight_files(folder: Path) -> dict[Path, list[str] | None]:
             raise ValueError(f"{folder / INDEX_FILE}: has no weight_map")
         files: dict[Path, list[str]] = {}
         for name, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard:
+                raise ValueError(f"{folder / INDEX_FILE}: weight_map[{name!r}] must be a file "
+                                 f"name, got {shard!r}")
             files.setdefault(folder / shard, []).append(name)
     elif (folder / WEIGHTS_FILE).is_file():
         files = {folder / WEIGHTS_FILE: None}
