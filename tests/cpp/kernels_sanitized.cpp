@@ -1,14 +1,26 @@
 // Runs every CPU kernel on valid, edge-case and malformed inputs under AddressSanitizer and
 // UndefinedBehaviorSanitizer (built by .ci/run with TLT_SANITIZE=ON). The Python tests check
-// values; this checks that no input, however bad, makes a kernel read or write out of bounds.
+// values; this checks that no input, however bad, makes a kernel read or write out of bounds,
+// and that the thread pool under the kernels survives an empty batch, rows that throw and fork.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <new>
 #include <random>
 #include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
+#include "parallel.h"
 #include "tlt/kv_cache.h"
 #include "tlt/random.h"
 #include "tlt/tree.h"
@@ -75,9 +87,118 @@ void run_verifiers(const std::vector<float>& logits, const std::vector<float>* q
   }
 }
 
+// B = 0 with every pointer null: each entry point returns without reading one.
+void check_empty_batch() {
+  const int64_t n = 4, vocab = 16;
+  tlt::select_tree_cpu(nullptr, nullptr, nullptr, nullptr, 0, 5, n, nullptr, nullptr, nullptr,
+                       nullptr, nullptr);
+  tlt::tree_metadata_cpu(nullptr, nullptr, nullptr, 0, n, nullptr, nullptr, nullptr, nullptr);
+  for (const auto type : {tlt::FloatType::kFloat32, tlt::FloatType::kFloat16,
+                          tlt::FloatType::kBFloat16}) {
+    tlt::verify_tree_greedy_cpu(nullptr, type, nullptr, nullptr, nullptr, 0, n, vocab, nullptr,
+                                nullptr, nullptr, nullptr, nullptr);
+    tlt::verify_tree_sampling_cpu(nullptr, type, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                  nullptr, nullptr, nullptr, 0, n, vocab, nullptr, nullptr,
+                                  nullptr, nullptr, nullptr);
+  }
+  tlt::compact_kv_cpu(nullptr, 2, 0, 3, 8, 4, nullptr, nullptr, nullptr, n, nullptr);
+  tlt::philox_uniforms_cpu(nullptr, nullptr, 0, 7, nullptr);
+}
+
+// A type code outside FloatType is rejected on the host, before any row reads logits.
+void check_bad_float_type() {
+  const int64_t batch = 8, n = 2, vocab = 4;
+  std::vector<float> logits(batch * n * vocab);
+  std::vector<int64_t> tokens(batch * n), emitted(batch * n);
+  std::vector<int32_t> parents(batch * n, 0), accept(batch * n), num_accepted(batch),
+      status(batch);
+  std::vector<float> logprobs(batch * n);
+  for (const int32_t code : {-1, 3, 1 << 30}) {
+    bool threw = false;
+    try {
+      tlt::verify_tree_greedy_cpu(logits.data(), static_cast<tlt::FloatType>(code),
+                                  tokens.data(), parents.data(), nullptr, batch, n, vocab,
+                                  accept.data(), num_accepted.data(), emitted.data(),
+                                  logprobs.data(), status.data());
+    } catch (const std::invalid_argument&) {
+      threw = true;
+    }
+    expect(threw, "a bad logits_type is rejected with std::invalid_argument");
+  }
+}
+
+// A row's exception, thrown on whichever thread ran it, reaches the caller; the pool then runs
+// every row of the next job exactly once.
+template <typename Exception>
+void check_row_exception_reaches_caller(int64_t failing_row) {
+  const int64_t rows = 64;
+  bool caught = false;
+  try {
+    tlt::cpu::parallel_for(rows, [&](int64_t i) {
+      std::this_thread::yield();  // let the workers claim rows too
+      if (i != failing_row) return;
+      if constexpr (std::is_default_constructible_v<Exception>) throw Exception();
+      else throw Exception("row " + std::to_string(i));
+    });
+  } catch (const Exception&) {
+    caught = true;
+  }
+  expect(caught, "a row's exception is rethrown on the calling thread");
+  std::vector<std::atomic<int>> runs(rows);
+  tlt::cpu::parallel_for(rows, [&](int64_t i) { runs[i].fetch_add(1); });
+  bool once = true;
+  for (const auto& count : runs) once &= count.load() == 1;
+  expect(once, "after a failed job, every row of the next one runs exactly once");
+}
+
+int count_rows(int64_t rows) {
+  std::atomic<int> ran{0};
+  tlt::cpu::parallel_for(rows, [&](int64_t) { ran.fetch_add(1); });
+  return ran.load();
+}
+
+// Children forked while other threads keep the pool busy run their kernels to the end (an
+// alarm kills one that hangs).
+void check_fork_while_pool_busy() {
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> busy;
+  for (int t = 0; t < 2; ++t)
+    busy.emplace_back([&] {
+      while (!stop.load())
+        if (count_rows(32) != 32) wrong.fetch_add(1);
+    });
+  std::vector<pid_t> children;
+  for (int c = 0; c < 50; ++c) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      alarm(30);
+      _exit(count_rows(32) == 32 && count_rows(5) == 5 ? 0 : 1);
+    }
+    if (pid > 0) children.push_back(pid);
+  }
+  stop.store(true);
+  for (std::thread& thread : busy) thread.join();
+  expect(children.size() == 50, "fork succeeded");
+  int failed = 0;
+  for (const pid_t pid : children) {
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      ++failed;
+  }
+  expect(failed == 0, "every forked child finishes its kernels");
+  expect(wrong.load() == 0, "the parent's rows all ran while it forked");
+}
+
 }  // namespace
 
 int main() {
+  setenv("TLT_NUM_THREADS", "4", 1);  // workers even on a one-core machine
+  check_empty_batch();
+  check_bad_float_type();
+  check_row_exception_reaches_caller<std::bad_alloc>(0);
+  check_row_exception_reaches_caller<std::invalid_argument>(37);
+  check_fork_while_pool_busy();
   std::mt19937 rng(1234);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
