@@ -16,6 +16,7 @@ import textwrap
 import pytest
 import torch
 
+import tlt_core.ops as ops
 from tlt_core import _C
 
 # Loads the module under test and gives the scripts a greedy verify over NumPy arrays whose
@@ -227,6 +228,24 @@ EMPTY_BATCH = textwrap.dedent("""
 
 def test_empty_batch_touches_no_pointer_on_the_host():
     assert_ran(run_script("DEVICE = HOST\n" + EMPTY_BATCH, timeout=60))
+
+
+def test_empty_batch_through_the_public_api():
+    n, vocab, m = 4, 16, 5
+    chain = torch.arange(-1, n - 1, dtype=torch.int32).repeat(0, 1)  # (0, N)
+    logits, tokens = torch.zeros(0, n, vocab), torch.zeros(0, n, dtype=torch.long)
+    for out in (ops.verify_tree_greedy(logits, tokens, chain),
+                ops.verify_tree_sampling(logits, tokens, chain, temperature=1.0, seed=0)):
+        assert out.num_accepted.shape == (0,) and out.emitted_tokens.shape == (0, n)
+    assert ops.tree_metadata(chain).depths.shape == (0, n)
+    tree = ops.select_tree(torch.zeros(0, m, dtype=torch.long), torch.zeros(0, m),
+                           torch.full((0, m), -1, dtype=torch.int32),
+                           torch.zeros(0, dtype=torch.long), n)
+    assert tree.tokens.shape == (0, n)
+    cache = torch.ones(2, 2, 0, 3, 8, 4)  # (layers, K/V, B, H_kv, T, head_dim)
+    ops.compact_kv_(cache, torch.zeros(0, n, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+                    torch.zeros(0, dtype=torch.int32))
+    assert ops.philox_uniforms(torch.zeros(0, dtype=torch.long), 0, 7).shape == (0, 7)
 
 
 @pytest.mark.gpu
