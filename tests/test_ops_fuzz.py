@@ -14,6 +14,10 @@ values, so outputs are compared wherever the reference accepts.
 Each op's examples run in one subprocess, so a crash fails that op's test instead of ending the
 run, under a time budget: hypothesis in seeded chunks, so the same examples run every time and
 only how many chunks fit varies with the machine's speed.
+
+With TLT_FUZZ_SANITIZED_MODULE_DIR set to a folder holding a TLT_SANITIZE=ON build of _C (.ci/run
+does), the subprocesses import tlt_core with that _C under ASan + UBSan, so a memory error or
+undefined behaviour in a kernel call fails the op's test even where the outputs come out right.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import inspect
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +43,7 @@ from tlt_core.ops import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 5.0  # per op; 7 ops plus a ~3 s interpreter start each fit in about a minute
+SANITIZED_MODULE_DIR = os.environ.get("TLT_FUZZ_SANITIZED_MODULE_DIR")
 CHUNK_EXAMPLES = 50
 
 INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16,
@@ -56,17 +62,45 @@ SPECIAL_FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, 2.0, 1 - 2**-24, 1e-6, 1e-7, 1e-42,
 @pytest.mark.parametrize("op", ["select_tree", "tree_metadata", "unpack_tree_mask",
                                 "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
                                 "philox_uniforms"])
-def test_fuzzed_calls_return_the_reference_or_name_an_argument(op):
+def test_fuzzed_calls_return_the_reference_or_name_an_argument(op, tmp_path):
     # Run from the repository root, like pytest: `tests` and `tlt_core` import from there.
-    command = [sys.executable, "-c", f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"]
+    script = f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=BUDGET_S + 120)
+    if SANITIZED_MODULE_DIR:
+        (module,) = Path(SANITIZED_MODULE_DIR).glob("_C*.so")
+        script = import_sanitized_package(module, tmp_path) + script
+        env.update(sanitizer_env(module))
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=BUDGET_S + 120)
     if done.returncode < 0:
         how = f"crashed with {signal.Signals(-done.returncode).name}"
     else:
         how = f"failed (exit status {done.returncode})"
     assert done.returncode == 0, f"{op} {how}:\n{done.stdout[-3000:]}\n{done.stderr[-9000:]}"
+
+
+def import_sanitized_package(module: Path, tmp_path: Path) -> str:
+    """Code that makes the subprocess import tlt_core from a copy in tmp_path holding the
+    sanitized module, and checks that it did."""
+    package = tmp_path / "tlt_core"
+    shutil.copytree(ROOT / "tlt_core", package,
+                    ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+    shutil.copy(module, package / module.name)
+    # Ahead of the repository root (sys.path[0]), which stays on the path for `tests`.
+    return (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import tlt_core._C as C; "
+            f"assert C.__file__ == {str(package / module.name)!r}, C.__file__; ")
+
+
+def sanitizer_env(module: Path) -> dict:
+    """The environment a sanitized module runs in. It links the ASan and UBSan runtimes, but ASan
+    must be the first library in the process, so both are preloaded. Leaks go unchecked: the
+    interpreter leaks by ASan's standards. A report ends the process with exit status 1 (the
+    build has -fno-sanitize-recover)."""
+    linked = subprocess.run(["ldd", str(module)], capture_output=True, text=True).stdout
+    runtimes = [re.search(rf"=> (\S*/lib{name}\.so[.\d]*)", linked) for name in ("asan", "ubsan")]
+    assert all(runtimes), f"{module} does not link the ASan and UBSan runtimes:\n{linked}"
+    return {"LD_PRELOAD": ":".join(found.group(1) for found in runtimes),
+            "ASAN_OPTIONS": "detect_leaks=0"}
 
 
 def fuzz(op: str) -> None:
