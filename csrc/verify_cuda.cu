@@ -471,38 +471,36 @@ __device__ __forceinline__ void load_chunk(const float* p, bool vector, int size
   for (int i = 0; i < kChunk; ++i) v[i] = i < size ? __ldg(p + i) : 0.0f;
 }
 
-__device__ __forceinline__ void load_chunk(const __nv_bfloat16* p, bool vector, int size,
-                                           float (&v)[kChunk]) {
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
+
+// bf16 / fp16: a 16-byte load holds the chunk's 8 values as 4 pairs.
+template <typename Half, typename Pair>
+__device__ __forceinline__ void load_half_chunk(const Half* p, bool vector, int size,
+                                                float (&v)[kChunk]) {
   if (vector && size == kChunk) {
     const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const Pair* pairs = reinterpret_cast<const Pair*>(&raw);
 #pragma unroll
     for (int j = 0; j < kChunk / 2; ++j) {
-      const float2 f = __bfloat1622float2(pairs[j]);
+      const float2 f = to_float2(pairs[j]);
       v[2 * j] = f.x;
       v[2 * j + 1] = f.y;
     }
     return;
   }
 #pragma unroll
-  for (int i = 0; i < kChunk; ++i) v[i] = i < size ? __bfloat162float(p[i]) : 0.0f;
+  for (int i = 0; i < kChunk; ++i) v[i] = i < size ? to_float(p[i]) : 0.0f;
+}
+
+__device__ __forceinline__ void load_chunk(const __nv_bfloat16* p, bool vector, int size,
+                                           float (&v)[kChunk]) {
+  load_half_chunk<__nv_bfloat16, __nv_bfloat162>(p, vector, size, v);
 }
 
 __device__ __forceinline__ void load_chunk(const __half* p, bool vector, int size,
                                            float (&v)[kChunk]) {
-  if (vector && size == kChunk) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-    const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-    for (int j = 0; j < kChunk / 2; ++j) {
-      const float2 f = __half22float2(pairs[j]);
-      v[2 * j] = f.x;
-      v[2 * j + 1] = f.y;
-    }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) v[i] = i < size ? __half2float(p[i]) : 0.0f;
+  load_half_chunk<__half, __half2>(p, vector, size, v);
 }
 
 // The slice's cache (shared memory, or the workspace row) is written by this kernel: plain
