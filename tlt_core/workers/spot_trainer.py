@@ -155,7 +155,8 @@ class SpotTrainer:
         try:
             state = torch.load(path, weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
-            # torch's message goes on to suggest weights_only=False, which would run the payload
+            # torch's message goes on to suggest turning the safe loader off, which would run
+            # the payload: only its reason is kept
             found = re.search(r"WeightsUnpickler error: (.*?)(?:\. |$)", str(error), re.M)
             reason = found.group(1) if found else f"{type(error).__name__}: it is damaged"
             raise ValueError(f"path: {path} is not a spot-trainer checkpoint, which holds only "
