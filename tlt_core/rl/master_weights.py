@@ -33,6 +33,11 @@ class MasterWeightAdamW:
             self.masters = self.parameters
         self.optimizer = torch.optim.AdamW(self.masters, **adamw)
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next steps (the schedule sets it every RL step)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def zero_grad(self) -> None:
         for p in self.parameters:
             p.grad = None
