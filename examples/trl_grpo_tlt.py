@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _stale_gap(config: ModelConfig, weights: dict, generated: dict) -> float:
     """max |engine log-probs - log-probs under `weights`| over a call's completions."""
-    from tlt_core.rl.grpo import response_logprobs
+    from tlt_core.rl.losses import response_logprobs
 
     stale = Transformer(config)
     stale.load_state_dict(weights)

@@ -291,13 +291,13 @@ def test_cli_exports_the_drafter_of_a_train_run(tmp_path):
     the export's provenance hashes that policy and records the step, and it reloads into the
     run's own drafter exactly."""
     from tests.test_train import detokenize, small, toy_prompts, toy_reward
-    from tlt_core.rl.driver import GRPODriver
+    from tlt_core.rl.driver import RLDriver
 
     base = tiny_target()
     save_checkpoint(base, tmp_path / "base")
     policy = tiny_target()
-    trainer = GRPODriver(policy, toy_prompts(), toy_reward, detokenize, (),
-                          small(tlt=True, steps=1, lr=1e-2), drafter=train_drafter(policy))
+    trainer = RLDriver(policy, toy_prompts(), toy_reward, detokenize, (),
+                        small(tlt=True, steps=1, lr=1e-2), drafter=train_drafter(policy))
     trainer.step()
     trainer.save(tmp_path / "run" / "checkpoints")
     assert _cli(["drafter", "--to", "eagle", str(tmp_path / "out"), "--run",

@@ -1,5 +1,6 @@
 """GRPO math against hand-derived numbers; rollout log-probs equal the trainer's recomputation;
-PPO's old log-probs come from the source TrainConfig.old_logprobs names."""
+PPO's old log-probs come from the source TrainConfig.old_logprobs names. (The rest of the
+RL math: tests/test_rl_math.py.)"""
 
 import copy
 import math
@@ -9,10 +10,11 @@ import torch
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.rl.grpo import group_advantages, ppo_clip_loss, response_logprobs
+from tlt_core.rl.advantages import group_advantages
+from tlt_core.rl.losses import ppo_clip_loss, response_logprobs
 from tlt_core.drafting.tree import Strategy
 import tlt_core.rl.driver as driver_module
-from tlt_core.rl.driver import GRPODriver, Prompt, TrainConfig, _pack
+from tlt_core.rl.driver import RLDriver, Prompt, TrainConfig, _pack
 
 
 def test_advantages_by_hand():
@@ -28,13 +30,13 @@ def test_ratio_one_gives_the_reinforce_gradient():
     logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, 0.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     adv = torch.tensor([2.0, -1.0])
-    parts = ppo_clip_loss(logp, logp.detach(), adv, mask)
+    parts = ppo_clip_loss(logp, logp.detach(), adv, mask / mask.sum())  # token-mean weights
     parts.loss.backward()
     # d/dlogp of -(1/5) sum A_b logp_t over real tokens
     expected = -torch.tensor([[2.0, 2.0, 2.0], [-1.0, -1.0, 0.0]]) / 5
     torch.testing.assert_close(logp.grad, expected)
     assert parts.policy_loss == pytest.approx(-(2 * 3 + -1 * 2) / 5)  # ratio 1 per token
-    assert parts.clip_fraction == 0.0
+    assert parts.clipped_tokens == 0.0 and parts.tokens == 5
 
 
 def test_clipping_is_active_exactly_when_expected():
@@ -42,9 +44,10 @@ def test_clipping_is_active_exactly_when_expected():
     # ratios 1.5, 0.5, 1.1, 0.9; advantages +, -, +, - per token
     logp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 0.9]])).requires_grad_()
     adv = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
-    parts = ppo_clip_loss(logp, old, adv, torch.ones(1, 4), clip_eps=0.2)
+    parts = ppo_clip_loss(logp, old, adv, torch.ones(1, 4) / 4, epsilon_low=0.2,
+                          epsilon_high=0.2)
     # clipped (min picks the clipped term) for ratio 1.5 with A > 0 and ratio 0.5 with A < 0
-    assert parts.clip_fraction == pytest.approx(0.5)
+    assert parts.clipped_tokens == 2 and parts.tokens == 4
     parts.loss.backward()
     assert logp.grad[0, 0] == 0 and logp.grad[0, 1] == 0  # no gradient through clipped tokens
     assert logp.grad[0, 2] == pytest.approx(-1.1 / 4) and logp.grad[0, 3] == pytest.approx(0.9 / 4)
@@ -53,9 +56,10 @@ def test_clipping_is_active_exactly_when_expected():
 def test_k3_kl_penalty():
     logp = torch.tensor([[-1.0, -2.0]])
     ref = torch.tensor([[-1.5, -2.0]])
-    parts = ppo_clip_loss(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logp=ref, kl_coef=0.1)
+    parts = ppo_clip_loss(logp, logp, torch.zeros(1), torch.ones(1, 2) / 2, ref_logp=ref,
+                          kl_coef=0.1)
     k3 = (math.exp(-0.5) + 0.5 - 1 + 0.0) / 2
-    assert parts.kl == pytest.approx(k3)
+    assert parts.kl_sum / parts.tokens == pytest.approx(k3)
     assert float(parts.loss) == pytest.approx(0.1 * k3)
 
 
@@ -96,9 +100,9 @@ def spied_step(monkeypatch, dtype: torch.dtype, old_logprobs: str, minibatch_siz
         events.append(("pack", out))
         return out
 
-    def loss(logp, old, advantages, mask, *args):
-        events.append(("loss", (logp.detach(), old, advantages, mask)))
-        return ppo_clip_loss(logp, old, advantages, mask, *args)
+    def loss(logp, old, advantages, weights, **options):
+        events.append(("loss", (logp.detach(), old, advantages, weights)))
+        return ppo_clip_loss(logp, old, advantages, weights, **options)
 
     monkeypatch.setattr(driver_module, "_pack", pack)
     monkeypatch.setattr(driver_module, "ppo_clip_loss", loss)
@@ -107,8 +111,8 @@ def spied_step(monkeypatch, dtype: torch.dtype, old_logprobs: str, minibatch_siz
     config = TrainConfig(steps=1, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6,
                          lr=1e-2, minibatch_size=minibatch_size, max_batch=4, tlt=False,
                          old_logprobs=old_logprobs)
-    trainer = GRPODriver(policy, prompts, distinct_tokens, lambda ids: " ".join(map(str, ids)),
-                         (), config)
+    trainer = RLDriver(policy, prompts, distinct_tokens, lambda ids: " ".join(map(str, ids)),
+                       (), config)
     before = copy.deepcopy(policy)
     metrics = trainer.step()
     return events, metrics, before
@@ -133,13 +137,14 @@ def loss_calls(events):
 def test_first_ratio_is_one_when_recomputed_and_the_gap_is_the_engines(monkeypatch, dtype,
                                                                       old_logprobs, recomputes):
     events, metrics, _ = spied_step(monkeypatch, dtype, old_logprobs)
-    [((_, _, _, engine_logp), (logp, old, advantages, mask))] = loss_calls(events)  # 1 batch
+    [((_, _, mask, engine_logp), (logp, old, advantages, weights))] = loss_calls(events)
     assert advantages.abs().max() > 0  # the loss below has something to weigh
+    torch.testing.assert_close(weights, mask / mask.sum())  # token-mean: 1 / #tokens each
     if recomputes:
         assert torch.equal(old, logp)  # ratio exp(logp - old) = 1 exactly, at every token
         assert metrics["clip_fraction"] == 0.0
         # at ratio 1 the surrogate is A itself: L = -(1/#tokens) sum_b A_b n_b
-        assert metrics["loss"] == pytest.approx(float(-(advantages[:, None] * mask).sum()
+        assert metrics["loss"] == pytest.approx(float(-(advantages * mask).sum()
                                                       / mask.sum()), rel=1e-6)
     else:
         assert torch.equal(old, engine_logp)  # the rollout's own log-probs

@@ -145,7 +145,7 @@ def test_a_violation_is_caught(tmp_path, monkeypatch):
     """The rule itself: an engine module that imports the RL driver fails it."""
     bad = tmp_path / "tlt_core" / "engine" / "bad.py"
     bad.parent.mkdir(parents=True)
-    bad.write_text("from tlt_core.rl.driver import GRPODriver\n\n\ndef f():\n"
+    bad.write_text("from tlt_core.rl.driver import RLDriver\n\n\ndef f():\n"
                    "    from tlt_core.model import Transformer\n")
     monkeypatch.setitem(MODULES, "tlt_core.engine.bad", bad)
     with pytest.raises(AssertionError, match="higher layer"):

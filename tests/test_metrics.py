@@ -14,7 +14,7 @@ import pytest
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
 from tlt_core.rl.metrics import METRICS, RECORD_FIELDS, MetricsWriter, render_markdown
-from tlt_core.rl.driver import GRPODriver, Prompt, TrainConfig
+from tlt_core.rl.driver import RLDriver, Prompt, TrainConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -26,8 +26,8 @@ def step_records(tlt: bool) -> list[dict]:
     prompts = [Prompt(str(p), tuple(p), "7") for p in PROMPTS[:4]]
     config = TrainConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6,
                          minibatch_size=4, max_batch=4, tlt=tlt)
-    trainer = GRPODriver(target, prompts, lambda p, r, ref: float(len(r) % 2), str, (), config,
-                          drafter=drafter)
+    trainer = RLDriver(target, prompts, lambda p, r, ref: float(len(r) % 2), str, (), config,
+                        drafter=drafter)
     return [trainer.step() for _ in range(2)]
 
 

@@ -15,7 +15,7 @@ from tlt_core.adaptive.sd_switch import SDSwitch
 from tlt_core.drafting.tree import Strategy
 from tlt_core.rl.rewards import math_answer, math_reward, normalize_answer, score_all
 from tlt_core.rl.checkpoint_io import latest_checkpoint
-from tlt_core.rl.driver import GRPODriver, Prompt, TrainConfig
+from tlt_core.rl.driver import RLDriver, Prompt, TrainConfig
 
 GOOD = 7  # the toy task: reward = share of response tokens equal to GOOD
 
@@ -36,7 +36,7 @@ def detokenize(ids):
 def make(config, drafter=None, seed=0):
     torch.manual_seed(seed)
     target = tiny_target(sharpen=2.0)
-    return GRPODriver(target, toy_prompts(), toy_reward, detokenize, (), config, drafter=drafter)
+    return RLDriver(target, toy_prompts(), toy_reward, detokenize, (), config, drafter=drafter)
 
 
 def small(**overrides):
@@ -73,8 +73,8 @@ def test_resume_equals_uninterrupted(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(ValueError, match="lr"):
         make(small(lr=0.5)).resume(saved)
-    other = GRPODriver(tiny_target(vocab=VOCAB + 1), toy_prompts(), toy_reward, detokenize, (),
-                       small(steps=3))
+    other = RLDriver(tiny_target(vocab=VOCAB + 1), toy_prompts(), toy_reward, detokenize, (),
+                     small(steps=3))
     with pytest.raises(ValueError, match="another architecture .*vocab_size"):
         other.resume(saved)
     with pytest.raises(FileNotFoundError, match="resume"):
@@ -97,8 +97,8 @@ def test_micro_batches_give_the_same_update():
 def test_tlt_rollout_logprobs_match_and_drafter_state_is_checkpointed(tmp_path):
     target = tiny_target()  # sharp: the drafter is good, the watchdog keeps SD on
     drafter = train_drafter(target)
-    trainer = GRPODriver(target, toy_prompts(), toy_reward, detokenize, (),
-                          small(tlt=True, steps=2, lr=1e-4), drafter=drafter)
+    trainer = RLDriver(target, toy_prompts(), toy_reward, detokenize, (),
+                        small(tlt=True, steps=2, lr=1e-4), drafter=drafter)
     # One plan, SD on at every size: the bandit and the calibration choose by measured step
     # times, which on a loaded machine can settle on a shallow chain that the watchdog then
     # turns off; what this test checks does not depend on that choice.
@@ -140,8 +140,8 @@ def _bf16_rank_main(rank, world, rendezvous, out):
                             world_size=world)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    trainer = GRPODriver(tiny_target(sharpen=2.0).to(torch.bfloat16), toy_prompts(),
-                         toy_reward, detokenize, (), small(steps=1))
+    trainer = RLDriver(tiny_target(sharpen=2.0).to(torch.bfloat16), toy_prompts(),
+                       toy_reward, detokenize, (), small(steps=1))
     metrics = trainer.step()
     torch.save({"weights": [p.detach().float().clone() for p in trainer.policy.parameters()],
                 "reward": metrics["reward"]}, f"{out}.{rank}")
@@ -183,14 +183,14 @@ def test_two_ranks_equal_one_rank(tmp_path):
 
 def test_bad_config_is_named():
     for bad, name in ((dict(steps=0), "steps"), (dict(lr=-1.0), "lr"),
-                      (dict(clip_eps=1.5), "clip_eps"),
+                      (dict(epsilon_low=1.5), "epsilon_low"),
                       (dict(micro_batch_tokens=0), "micro_batch_tokens"),
                       (dict(samples_per_prompt=1), "samples"),
                       (dict(kl_coef=float("nan")), "kl_coef")):
         with pytest.raises(ValueError, match=name):
             small(**bad)
     with pytest.raises(ValueError, match="prompts"):
-        GRPODriver(tiny_target(), [], toy_reward, detokenize, (), small())
+        RLDriver(tiny_target(), [], toy_reward, detokenize, (), small())
 
 
 def test_bad_data_rows_are_reported_with_line_numbers(tmp_path):

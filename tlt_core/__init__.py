@@ -15,10 +15,10 @@ from tlt_core.drafting import Drafter, DrafterConfig, DraftPlan, Strategy, Suffi
 from tlt_core.engine import (EngineConfig, PlanPolicy, Request, Rollout, RolloutEngine,
                              RolloutResult, SamplingParams, StepOutcome)
 from tlt_core.model import ModelConfig, Transformer, load_checkpoint, save_checkpoint
-from tlt_core.rl import GRPODriver, Prompt, TrainConfig
+from tlt_core.rl import RLDriver, Prompt, TrainConfig
 
 __all__ = ["AdaptivePolicy", "DEFAULT_PLANS", "DraftPlan", "Drafter", "DrafterConfig",
-           "EngineConfig", "GRPODriver", "ModelConfig", "PlanPolicy", "Prompt", "Request",
+           "EngineConfig", "RLDriver", "ModelConfig", "PlanPolicy", "Prompt", "Request",
            "Rollout", "RolloutEngine", "RolloutResult", "SamplingParams", "StepOutcome",
            "Strategy", "SuffixMatch", "TrainConfig", "Transformer", "__version__",
            "load_checkpoint", "save_checkpoint"]

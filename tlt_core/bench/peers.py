@@ -46,7 +46,7 @@ from tlt_core.embedded.workload import embedded_reward, load_pretrained, train_i
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import save_checkpoint
-from tlt_core.rl.driver import GRPODriver, TrainConfig
+from tlt_core.rl.driver import RLDriver, TrainConfig
 
 ASSISTANT_LAYERS = 2
 
@@ -177,9 +177,9 @@ def trl_grpo(steps: int = 10, prompts: int = 64, progress: bool = True) -> list[
     rows = []
     for tlt in (True, False):
         run_inputs = train_inputs(progress=progress)
-        driver = GRPODriver(run_inputs.policy, pool, run_inputs.reward_fn, run_inputs.detokenize,
-                            run_inputs.stop_ids, replace(config, tlt=tlt),
-                            drafter=run_inputs.drafter, calibration=run_inputs.calibration)
+        driver = RLDriver(run_inputs.policy, pool, run_inputs.reward_fn, run_inputs.detokenize,
+                          run_inputs.stop_ids, replace(config, tlt=tlt),
+                          drafter=run_inputs.drafter, calibration=run_inputs.calibration)
         history = [driver.step() for _ in range(config.steps)][1:]
         seconds = [m["step_s"] for m in history]
         tokens = [sum(m["response_lengths"]) for m in history]

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from tlt_core.bench.model_workload import EMBEDDED_LABEL
 from tlt_core.embedded.workload import train_inputs
 from tlt_core.rl.inputs import TrainInputs
-from tlt_core.rl.driver import GRPODriver, TrainConfig
+from tlt_core.rl.driver import RLDriver, TrainConfig
 
 RUNS = (("tlt", True, 0), ("off", False, 0), ("off_seed2", False, 1))
 
@@ -34,10 +34,10 @@ def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True,
     drivers = {}
     for name, tlt, seed_offset in RUNS:
         inputs = inputs_for_run()
-        drivers[name] = GRPODriver(inputs.policy, inputs.prompts, inputs.reward_fn,
-                                   inputs.detokenize, inputs.stop_ids,
-                                   replace(config, tlt=tlt, seed=config.seed + seed_offset),
-                                   drafter=inputs.drafter, calibration=inputs.calibration)
+        drivers[name] = RLDriver(inputs.policy, inputs.prompts, inputs.reward_fn,
+                                 inputs.detokenize, inputs.stop_ids,
+                                 replace(config, tlt=tlt, seed=config.seed + seed_offset),
+                                 drafter=inputs.drafter, calibration=inputs.calibration)
     rows = []
     bar = tqdm(total=config.steps * len(RUNS), disable=not progress, unit="step", desc="train")
     for _ in range(config.steps):

@@ -28,9 +28,11 @@ def flag_name(name: str, default: object = None) -> str:
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type,
                             help_table: Mapping[str, str], *,
-                            defaults: Mapping[str, object] | None = None) -> None:
+                            defaults: Mapping[str, object] | None = None,
+                            choices: Mapping[str, tuple] | None = None) -> None:
     """One flag per field of `cls` named in `help_table`. defaults: per-field defaults that
-    replace the dataclass's own (a command whose sensible default differs, e.g. greedy)."""
+    replace the dataclass's own (a command whose sensible default differs, e.g. greedy);
+    choices: per-field allowed values (the flag then shows and checks them)."""
     for field in fields(cls):
         if field.name not in help_table:
             continue
@@ -44,8 +46,11 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type,
             continue
         kind = _field_type(cls, field, default)
         shown = "none" if default is None else default
+        allowed = (choices or {}).get(field.name)
+        metavar = ("|".join(allowed) if allowed else
+                   kind.__name__.upper() if kind is not str else "TEXT")
         parser.add_argument(flag_name(field.name), dest=field.name, type=kind, default=default,
-                            metavar=kind.__name__.upper() if kind is not str else "TEXT",
+                            choices=allowed, metavar=metavar,
                             help=f"{text} (default: {shown})".replace("%", "%%"))
 
 

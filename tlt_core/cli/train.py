@@ -1,4 +1,4 @@
-"""`tlt train`: GRPO with TLT on the embedded task (no arguments) or a local checkpoint.
+"""`tlt train`: GRPO or PPO with TLT on the embedded task (no arguments) or a local checkpoint.
 
 Writes, under --out (OUT; `OUT/baseline/` holds the same for --compare's SD-off run):
 - metrics.jsonl, one line per step, and, when the tensorboard package is installed, TensorBoard
@@ -40,7 +40,7 @@ from tlt_core.cli.run_folder import (BASELINE_DIR, CHECKPOINTS_DIR, POLICY_DIR, 
                                      RunFolderError, clear_run, hold_run_folder, resume_point)
 from tlt_core.embedded.workload import train_inputs
 from tlt_core.rl.checkpoint_io import atomic_folder, latest_checkpoint, step_folder_name
-from tlt_core.rl.driver import GRPODriver, TrainConfig
+from tlt_core.rl.driver import CHOICES, RLDriver, TrainConfig
 from tlt_core.rl.inputs import TrainInputs, checkpoint_inputs, load_reward
 from tlt_core.rl.metrics import MetricsWriter, tensorboard_available
 from tlt_core.rl.policy_folder import SpecialTokenIds, write_policy_folder
@@ -48,14 +48,47 @@ from tlt_core.rl.report import summarize, write_report
 from tlt_core.rl.rewards import RewardMix, math_reward
 
 _HELP = {
-    "steps": "GRPO steps",
+    "steps": "RL steps (rollout, update, refresh)",
     "prompts_per_step": "prompts per step (each sampled samples_per_prompt times)",
-    "samples_per_prompt": "samples per prompt (the GRPO group)",
+    "samples_per_prompt": "samples per prompt (the GRPO group; PPO may use 1)",
     "max_new_tokens": "most tokens per response",
     "temperature": "sampling temperature of the rollout (and of the log-probs trained on)",
-    "lr": "AdamW learning rate",
-    "clip_eps": "PPO clip range: ratios outside [1 - eps, 1 + eps] stop the gradient",
-    "kl_coef": "KL penalty to the frozen initial policy (k3 estimator); 0 turns it off",
+    "algorithm": "grpo (group-relative advantages) or ppo (GAE over a critic: a copy of the "
+                 "policy's decoder with a value head, its own optimizer)",
+    "lr": "AdamW learning rate (the peak of the schedule)",
+    "lr_scheduler_type": "learning-rate schedule after the warm-up: constant or cosine, per "
+                         "RL step",
+    "warmup_steps": "RL steps of linear learning-rate warm-up",
+    "min_lr_ratio": "cosine: the final learning rate as a fraction of lr",
+    "epsilon_low": "clip range below: ratios under 1 - epsilon_low stop the gradient of a "
+                   "negative advantage",
+    "epsilon_high": "clip range above: ratios over 1 + epsilon_high stop the gradient of a "
+                    "positive advantage (clip-higher: larger than epsilon_low, e.g. 0.28)",
+    "scale_rewards": "GRPO advantages (r - group mean) divided by: group (the group's std), "
+                     "batch (the step's std) or none (Dr. GRPO)",
+    "loss_agg_mode": "token weights: token-mean (every token alike), seq-mean-token-mean "
+                     "(every sequence alike), seq-mean-token-sum, seq-mean-token-sum-norm "
+                     "(sum / max_new_tokens, Dr. GRPO)",
+    "kl_coef": "KL penalty to the frozen initial policy; 0 turns it off",
+    "kl_placement": "the KL as a loss term (loss) or subtracted from the reward (reward)",
+    "kl_estimator": "per-token KL estimate: k1 (log ratio), k2 (half its square), k3 "
+                    "(exp(d) - d - 1, low variance)",
+    "dynamic_sampling": "drop groups whose rewards are all equal and refill the step with new "
+                        "prompts (DAPO)",
+    "max_refill_rounds": "dynamic sampling: most refill rounds per step (then the step trains "
+                         "on the groups it kept)",
+    "mask_truncated_completions": "leave responses cut at max_new_tokens out of the loss "
+                                  "(DAPO's overlong filtering)",
+    "overlong_buffer_len": "soft overlong penalty over the last N tokens before "
+                           "max_new_tokens, growing linearly to -overlong_penalty_factor; 0: off",
+    "overlong_penalty_factor": "the soft overlong penalty at max_new_tokens (as a reward)",
+    "gamma": "PPO: discount of GAE",
+    "lam": "PPO: lambda of GAE (1: Monte Carlo returns, 0: one-step TD)",
+    "cliprange_value": "PPO: the critic's values move at most this far from the rollout's "
+                       "before the value loss stops their gradient",
+    "critic_lr": "PPO: the critic's learning rate (none: lr; same schedule)",
+    "critic_layers": "PPO: the critic's decoder layers, the policy's first N (none: all)",
+    "whiten_advantages": "PPO: advantages whitened over the step's tokens",
     "minibatch_size": "sequences per optimizer step",
     "micro_batch_tokens": "padded tokens per forward/backward (a mini-batch runs as length-"
                           "sorted micro-batches under this budget; same update, less padding)",
@@ -72,13 +105,18 @@ _HELP = {
                      "the adaptive loop's plans",
     "old_logprobs": "the log-probs PPO's ratio divides by: rollout (the engine's), recompute "
                     "(the trainer's own pass first), auto (recompute for bf16/fp16 policies)",
+    "eval_every": "evaluate on the held-out prompts every N steps (0: never); the embedded "
+                  "task has its own, --model needs --eval-data",
+    "eval_samples": "samples per held-out prompt (pass@k for k up to this)",
+    "pass_threshold": "a held-out sample passes when its reward is at least this",
 }
 
 
 def add_parsers(commands) -> None:
     train = commands.add_parser(
-        "train", help="GRPO with TLT (the main job): the embedded task by default",
-        description="GRPO on the embedded task and model with TLT on (adaptive speculative "
+        "train", help="GRPO or PPO with TLT (the main job): the embedded task by default",
+        description="GRPO (or --algorithm ppo) on the embedded task and model with TLT on "
+                    "(adaptive speculative "
                     "rollout, spot-trained drafter) when run with no arguments: under a "
                     "minute on 2 CPU cores. --compare adds the SD-off baseline with the same "
                     "seeds and prints the end-to-end speedup. --model PATH --data FILE trains "
@@ -89,7 +127,7 @@ def add_parsers(commands) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(parser, TrainConfig, _HELP)
+    add_dataclass_arguments(parser, TrainConfig, _HELP, choices=CHOICES)
     parser.add_argument("--compare", action="store_true",
                         help="also run the SD-off baseline with the same seeds and config, and "
                              "print the end-to-end speedup")
@@ -115,6 +153,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, metavar="FILE",
                         help="prompts with reference answers (needed with --model): JSONL, "
                              "Parquet, CSV or JSON, or a Hugging Face datasets folder")
+    parser.add_argument("--eval-data", type=Path, metavar="FILE",
+                        help="held-out prompts with reference answers for --eval-every (same "
+                             "formats and fields as --data; the embedded task has its own)")
     parser.add_argument("--drafter", type=Path, metavar="DIR",
                         help="a drafter for --model: a Drafter.save folder or a `tlt export "
                              "drafter` export (without one, TLT uses suffix-match drafts only)")
@@ -144,6 +185,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace) -> int:
     config = dataclass_from_args(TrainConfig, args, _HELP, "tlt train")
     tensorboard = _tensorboard_wanted(args.tensorboard)
+    if args.eval_data is not None and args.model is None:
+        raise SystemExit("tlt train: --eval-data goes with --model; the embedded task evaluates "
+                         "on its own held-out problems")
+    if config.eval_every and args.model is not None and args.eval_data is None:
+        raise SystemExit("tlt train: --eval-every: needs --eval-data FILE (held-out prompts)")
     if (args.model is None) != (args.data is None):
         raise SystemExit("tlt train: --model and --data go together (a checkpoint and its "
                          "prompts); with neither, the embedded task and model are used")
@@ -158,7 +204,7 @@ def run_train(args: argparse.Namespace) -> int:
                     skip_bad_rows=not args.strict_data, reward_fn=reward, placement=placement,
                     chat_template=args.chat_template, system_prompt=args.system_prompt,
                     prompt_key=args.prompt_field, answer_key=args.answer_field,
-                    split=args.split)
+                    split=args.split, eval_data_path=args.eval_data)
             except (FileNotFoundError, ImportError, ValueError) as error:  # they name the file
                 raise SystemExit(f"tlt train: {error}") from None
     else:
@@ -250,9 +296,12 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
                nested: bool) -> list[dict] | None:
     """Trains one run in `folder` from the checkpoint `start` (None: from scratch); the
     history, or None when interrupted. nested: the baseline run of --compare."""
-    driver = GRPODriver(inputs.policy, inputs.prompts, inputs.reward_fn, inputs.detokenize,
-                        inputs.stop_ids, config, drafter=inputs.drafter,
-                        calibration=inputs.calibration)
+    try:
+        driver = RLDriver(inputs.policy, inputs.prompts, inputs.reward_fn, inputs.detokenize,
+                          inputs.stop_ids, config, drafter=inputs.drafter,
+                          calibration=inputs.calibration, evaluation=inputs.evaluation)
+    except ValueError as error:  # a setting this policy or these inputs cannot take; it names it
+        raise SystemExit(f"tlt train: {error}") from None
     folder.mkdir(parents=True, exist_ok=True)
     checkpoints = folder / CHECKPOINTS_DIR
     if inputs.bad_rows:

@@ -46,6 +46,7 @@ DRAFTER_REPORT = "drafter_report.json"
 # What training costs when nothing has the weights, as measured on the project's 2-core machine
 # (the reports' train_seconds; evaluation and sampling add a little), for the announcement.
 PRETRAIN_MINUTES, DRAFTER_MINUTES = 5, 5
+EVAL_PROMPTS = 32  # held-out problems of `tlt train --eval-every` on the embedded task
 
 
 def cache_root() -> Path:
@@ -141,7 +142,8 @@ def embedded_reward(prompt: str, response: str, reference: str) -> float:
 
 def train_inputs(num_prompts: int = 512, seed: int = 2024, progress: bool = True) -> TrainInputs:
     """What `tlt train` trains on by default: the embedded model and its drafter, on fresh
-    problems of the embedded task."""
+    problems of the embedded task, and EVAL_PROMPTS held-out ones (another seed) to evaluate
+    on."""
     workload = load_embedded(progress=progress)
     tokenizer = workload.tokenizer
 
@@ -153,7 +155,8 @@ def train_inputs(num_prompts: int = 512, seed: int = 2024, progress: bool = True
                        prompts(seed + 1, 4), embedded_reward, tokenizer.decode_response,
                        (tokenizer.eos_id,),
                        f"the embedded task (countdown sums; {num_prompts} problems) and model "
-                       f"(8 layers, 1.6M parameters)", [])
+                       f"(8 layers, 1.6M parameters)", [],
+                       evaluation=prompts(seed + 2, EVAL_PROMPTS))
 
 
 def train_default_weights(root: Path, *, progress: bool = True) -> dict:

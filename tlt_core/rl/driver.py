@@ -1,29 +1,42 @@
-"""The GRPO driver: rollout with the adaptive loop and the spot-trained drafter, GRPO update,
-weights to the engine, drafter refresh; one step at a time, checkpointed.
+"""The RL driver: rollout with the adaptive loop and the spot-trained drafter, a GRPO or PPO
+update, weights to the engine, drafter refresh, held-out evaluation; one step at a time,
+checkpointed.
 
 One step:
-1. `prompts_per_step` prompts (a seeded shuffle of the data, epoch by epoch), `samples_per_prompt`
-   samples each, rolled out by every rank over its shard of the prompts (`rollout_round`: SD
-   through the adaptive policy when TLT is on; ranks that finish early spot-train the drafter);
-   every rank then holds every rollout.
+1. `prompts_per_step` prompts (a seeded shuffle of the data, epoch by epoch, read from a
+   cursor), `samples_per_prompt` samples each, rolled out by every rank over its shard of the
+   prompts (`rollout_round`: SD through the adaptive policy when TLT is on; ranks that finish
+   early spot-train the drafter); every rank then holds every rollout. Dynamic sampling (DAPO)
+   drops the groups whose rewards are all equal and refills: each refill round rolls out as
+   many new prompts as the share kept so far says will fill the gap (at most
+   `prompts_per_step`), up to `max_refill_rounds` rounds; groups beyond `prompts_per_step` are
+   not used, and a step that never fills trains on what it kept.
 2. Rewards from the reward function (an error in it is recorded against its sample: reward 0),
-   group-normalized advantages.
-3. PPO-clip updates over mini-batches of `minibatch_size` sequences: rank r computes the loss of
-   the mini-batch's sequences j with j mod world == r, normalized by the mini-batch's global
-   token count, and DistributedDataParallel sums the gradients (it averages, so the loss is
+   plus DAPO's soft overlong penalty, minus the KL when it is placed in the reward. Advantages:
+   GRPO's group-relative ones (scaled by `scale_rewards`), or PPO's GAE over the critic's
+   values (whitened over the batch's tokens).
+3. Clipped-surrogate updates (clip-higher's asymmetric range) over mini-batches of
+   `minibatch_size` sequences, each token weighted by `loss_agg_mode`; with PPO the critic takes
+   its clipped value-loss step on the same mini-batch with its own optimizer. Rank r computes
+   the loss of the mini-batch's sequences j with j mod world == r with weights from the whole
+   mini-batch, and DistributedDataParallel sums the gradients (it averages, so the loss is
    scaled by the world size): the update is the same for any number of ranks. A rank's share
    runs as length-sorted micro-batches of at most `micro_batch_tokens` padded tokens whose
-   gradients accumulate (the long tail would otherwise pad every short sequence to its length:
-   padding was a third to a half of the tokens computed). Gradient clipping, AdamW. The first
-   mini-batch's log-probs, before any update, are compared with the rollout's: `logprob_gap`
-   (it must be ~0; SD is lossless).
+   gradients accumulate. `mask_truncated_completions` leaves the responses cut at
+   `max_new_tokens` out of both losses. The first mini-batch's log-probs, before any update,
+   are compared with the rollout's: `logprob_gap` (~0 in float32; SD is lossless).
 4. The engine reads the policy's weights directly (its packed copy is rebuilt when they change),
    the drafter replicas are refreshed (step-weighted average) and the watchdog judges them
    (a rollback it asks for is loaded here).
-5. The step's metrics (tlt_core.rl.metrics names them); `state_dict` checkpoints everything
-   that evolves: policy, optimizer, reference, drafter, spot trainer, adaptive policy, RNG, step.
-   `save` writes it as a step folder (tlt_core.rl.checkpoint_io: safetensors and JSON, no
-   pickle, atomic, the newest K kept), `resume` reads one back.
+5. Every `eval_every` steps, the held-out prompts are sampled `eval_samples` times each with the
+   same engine (SD on when TLT is) and scored: mean reward and pass@k of the updated policy.
+6. The step's metrics (tlt_core.rl.metrics names them); `state_dict` checkpoints everything
+   that evolves: policy, optimizer, critic and its optimizer, reference, drafter, spot trainer,
+   adaptive policy, RNG, step, the data cursor. `save` writes it as a step folder
+   (tlt_core.rl.checkpoint_io: safetensors and JSON, no pickle, atomic, the newest K kept),
+   `resume` reads one back.
+
+The learning rate follows tlt_core.rl.schedule (warm-up, then constant or cosine), per step.
 
 Determinism: sampling seeds come from (seed, step, prompt), so with SD off (or a fixed plan) a
 resumed run repeats an uninterrupted one exactly; with the adaptive loop the plan choices depend
@@ -51,19 +64,34 @@ from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams, seconds_at_or_below
 from tlt_core.engine.sampling import sample_seed
 from tlt_core.model.transformer import Transformer
+from tlt_core.rl.advantages import (REWARD_SCALINGS, gae, group_advantages, overlong_penalty,
+                                    varied_groups, whiten)
 from tlt_core.rl.checkpoint_io import read_state, write_checkpoint
-from tlt_core.rl.grpo import group_advantages, ppo_clip_loss, response_logprobs
+from tlt_core.rl.critic import ValueModel, response_values
+from tlt_core.rl.evaluation import PASS_AT_K, evaluation_metrics
+from tlt_core.rl.losses import (KL_ESTIMATORS, LOSS_AGG_MODES, kl_estimate, ppo_clip_loss,
+                                response_logprobs, token_weights, value_loss)
 from tlt_core.rl.master_weights import MasterWeightAdamW
 from tlt_core.rl.rewards import RewardFn, score_all
+from tlt_core.rl.schedule import LR_SCHEDULERS, lr_multiplier
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.harvest import HarvestBuffer
 from tlt_core.workers.refresh import refresh
-from tlt_core.workers.round import rollout_round
+from tlt_core.workers.round import WorkerRound, rollout_round
 from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
 from tlt_core.workers.watchdog import DrafterWatchdog
 
 TAIL_FRACTION = 0.25  # the tail: the running batch at or below this share of the step's peak
 OLD_LOGPROBS = ("auto", "rollout", "recompute")
+ALGORITHMS = ("grpo", "ppo")
+KL_PLACEMENTS = ("loss", "reward")
+EVAL_SEED_STEP = -1  # evaluation samples use the seeds of this step index: the same every pass
+
+# The options with a fixed set of values (the CLI offers them as choices).
+CHOICES = {"algorithm": ALGORITHMS, "scale_rewards": REWARD_SCALINGS,
+           "loss_agg_mode": LOSS_AGG_MODES, "kl_placement": KL_PLACEMENTS,
+           "kl_estimator": KL_ESTIMATORS, "lr_scheduler_type": LR_SCHEDULERS,
+           "old_logprobs": OLD_LOGPROBS}
 
 
 @dataclass(frozen=True)
@@ -73,9 +101,33 @@ class TrainConfig:
     samples_per_prompt: int = 8
     max_new_tokens: int = 256
     temperature: float = 1.0
+    algorithm: str = "grpo"  # "ppo": GAE over a critic's values (tlt_core.rl.critic)
+    # the policy's optimizer and schedule (tlt_core.rl.schedule)
     lr: float = 5e-5
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0  # > 0: a frozen reference and the k3 KL penalty
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    # the clipped surrogate: ratios outside [1 - epsilon_low, 1 + epsilon_high] stop the
+    # gradient (DAPO's clip-higher: epsilon_high > epsilon_low)
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    scale_rewards: str = "group"  # GRPO advantages (tlt_core.rl.advantages)
+    loss_agg_mode: str = "token-mean"  # token weights (tlt_core.rl.losses)
+    kl_coef: float = 0.0  # > 0: a frozen reference and a KL penalty
+    kl_placement: str = "loss"  # a loss term, or subtracted from the reward
+    kl_estimator: str = "k3"
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, and refill
+    max_refill_rounds: int = 2
+    mask_truncated_completions: bool = False  # responses cut at max_new_tokens: no loss
+    overlong_buffer_len: int = 0  # DAPO's soft overlong penalty over the last tokens; 0: off
+    overlong_penalty_factor: float = 1.0
+    # PPO: GAE, the critic and its optimizer (the schedule is the policy's)
+    gamma: float = 1.0
+    lam: float = 0.95
+    cliprange_value: float = 0.2
+    critic_lr: float | None = None  # None: lr
+    critic_layers: int | None = None  # the critic's decoder layers; None: all the policy's
+    whiten_advantages: bool = True
     minibatch_size: int = 32  # sequences per optimizer step
     micro_batch_tokens: int = 2048  # padded tokens per forward/backward within a mini-batch
     ppo_epochs: int = 1
@@ -91,27 +143,60 @@ class TrainConfig:
     # training pass round differently, by up to 0.4-0.6 nats at a token on SmolLM2-135M in
     # `tlt train --model` on the arithmetic set)
     old_logprobs: str = "auto"
+    # held-out evaluation (tlt_core.rl.evaluation): every eval_every steps (0: never)
+    eval_every: int = 0
+    eval_samples: int = 4
+    pass_threshold: float = 1.0
 
     def __post_init__(self):
         positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
-                    "minibatch_size", "micro_batch_tokens", "ppo_epochs", "max_batch")
+                    "minibatch_size", "micro_batch_tokens", "ppo_epochs", "max_batch",
+                    "eval_samples")
         for name in positive:
+            _check_int(self, name, 1)
+        for name in ("warmup_steps", "max_refill_rounds", "overlong_buffer_len", "eval_every"):
+            _check_int(self, name, 0)
+        for name in ("lr", "max_grad_norm", "temperature", "epsilon_high", "cliprange_value",
+                     "overlong_penalty_factor") + (("critic_lr",) if self.critic_lr is not None
+                                                   else ()):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
-        for name in ("lr", "max_grad_norm", "temperature"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            if not (_is_number(value) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
-        if not 0 < self.clip_eps < 1:
-            raise ValueError(f"clip_eps: must be in (0, 1), got {self.clip_eps}")
-        if not (math.isfinite(self.kl_coef) and self.kl_coef >= 0):
+        for name, low, high in (("epsilon_low", 0, 1), ("min_lr_ratio", 0, 1), ("gamma", 0, 1),
+                                ("lam", 0, 1)):
+            value = getattr(self, name)
+            if not (_is_number(value) and low <= value <= high) or (
+                    name == "epsilon_low" and value in (0, 1)):
+                bounds = "(0, 1)" if name == "epsilon_low" else "[0, 1]"
+                raise ValueError(f"{name}: must be in {bounds}, got {value!r}")
+        if not (_is_number(self.kl_coef) and math.isfinite(self.kl_coef) and self.kl_coef >= 0):
             raise ValueError(f"kl_coef: must be >= 0, got {self.kl_coef}")
-        if self.samples_per_prompt < 2:
+        if not _is_number(self.pass_threshold) or not math.isfinite(self.pass_threshold):
+            raise ValueError(f"pass_threshold: must be a finite number, got "
+                             f"{self.pass_threshold!r}")
+        if self.critic_layers is not None:
+            _check_int(self, "critic_layers", 1)
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.algorithm == "grpo" and self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt: GRPO compares samples of one prompt; need >= 2")
-        if self.old_logprobs not in OLD_LOGPROBS:
-            raise ValueError(f"old_logprobs: must be one of {OLD_LOGPROBS}, got "
-                             f"{self.old_logprobs!r}")
+        if self.dynamic_sampling and self.samples_per_prompt < 2:
+            raise ValueError("samples_per_prompt: dynamic sampling drops groups whose samples "
+                             "all scored the same; need >= 2 samples per prompt")
+        if self.overlong_buffer_len >= self.max_new_tokens:
+            raise ValueError(f"overlong_buffer_len: must be below max_new_tokens "
+                             f"({self.max_new_tokens}), got {self.overlong_buffer_len}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(config, name: str, least: int) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name}: must be an int >= {least}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -125,19 +210,42 @@ class Prompt:
 class TrainState:
     step: int = 0
     history: list[dict] = field(default_factory=list)  # every step's metrics
+    prompts_used: int = 0  # the data cursor: prompts rolled out so far, refills included
+    rounds: int = 0  # rollout rounds so far (each needs an id of its own across the ranks)
 
 
-class GRPODriver:
-    """GRPO with TLT, one step at a time. detokenize maps a response's token ids to the text the
-    reward function reads; stop_ids end a response."""
+@dataclass
+class _Collected:
+    """A step's rollouts after dynamic sampling: `rollouts` are the kept groups', group by
+    group (`samples_per_prompt` each), with their prompts and scores."""
+    prompts: list[Prompt]
+    rollouts: list
+    scores: list[float]
+    rounds: list[WorkerRound]
+    all_scores: list[float]  # every rolled-out sample's, dropped groups included
+    all_lengths: list[int]
+    truncated: int  # rolled-out samples cut at max_new_tokens
+    groups_dropped: int
+    first_reward_error: str | None
+    reward_errors: int
+
+
+class RLDriver:
+    """GRPO or PPO with TLT, one step at a time. detokenize maps a response's token ids to the
+    text the reward function reads; stop_ids end a response; evaluation: the held-out prompts
+    of eval_every."""
 
     def __init__(self, policy: torch.nn.Module, prompts: Sequence[Prompt], reward_fn: RewardFn,
                  detokenize: Callable[[list[int]], str], stop_ids: Sequence[int],
                  config: TrainConfig = TrainConfig(), *, drafter: Drafter | None = None,
-                 calibration: Sequence[Prompt] = (), group: WorkerGroup | None = None):
+                 calibration: Sequence[Prompt] = (), group: WorkerGroup | None = None,
+                 evaluation: Sequence[Prompt] = ()):
         if not prompts:
             raise ValueError("prompts: need at least one prompt")
+        if config.eval_every and not evaluation:
+            raise ValueError("evaluation: eval_every needs held-out prompts (--eval-data)")
         self.config, self.policy, self.prompts = config, policy, list(prompts)
+        self.evaluation = list(evaluation)
         self.reward_fn, self.detokenize, self.stop_ids = reward_fn, detokenize, tuple(stop_ids)
         self.group = group or WorkerGroup()
         if config.minibatch_size < self.group.world_size:
@@ -147,15 +255,23 @@ class GRPODriver:
         # bf16/fp16 policies train with float32 master weights (tlt_core.rl.master_weights)
         self.optimizer = MasterWeightAdamW(policy.parameters(), lr=config.lr, betas=(0.9, 0.95),
                                            weight_decay=0.0)
+        self.critic = self.critic_optimizer = None
+        if config.algorithm == "ppo":
+            self.critic = ValueModel(policy, config.critic_layers)
+            self.critic_optimizer = MasterWeightAdamW(
+                self.critic.parameters(), lr=config.critic_lr or config.lr, betas=(0.9, 0.95),
+                weight_decay=0.0)
         self.reference = None
         if config.kl_coef > 0:
             self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
-        self._ddp = None
+        self._ddp = self._critic_ddp = None
         if self.group.distributed:
             device = next(policy.parameters()).device
-            self._ddp = DistributedDataParallel(
-                policy, device_ids=[device.index] if device.type == "cuda" else None)
-        max_len = max(len(p.ids) for p in self.prompts) + config.max_new_tokens
+            ids = [device.index] if device.type == "cuda" else None
+            self._ddp = DistributedDataParallel(policy, device_ids=ids)
+            if self.critic is not None:
+                self._critic_ddp = DistributedDataParallel(self.critic, device_ids=ids)
+        max_len = max(len(p.ids) for p in self.prompts + self.evaluation) + config.max_new_tokens
         engine_config = EngineConfig(max_batch=config.max_batch, max_len=max_len, seed=config.seed)
         self.drafter = drafter if config.tlt else None
         # Spot training needs a rank that went idle while others still decode: with one rank
@@ -183,61 +299,126 @@ class GRPODriver:
         config, group = self.config, self.group
         step = self.state.step
         start = time.perf_counter()
-        chosen = self._prompts_for(step)
-        requests = [self._request(p, config.max_new_tokens, step, i)
-                    for i, p in enumerate(chosen)]
+        lr_scale = lr_multiplier(step, steps=config.steps, warmup_steps=config.warmup_steps,
+                                 scheduler=config.lr_scheduler_type,
+                                 min_lr_ratio=config.min_lr_ratio)
+        self.optimizer.set_lr(config.lr * lr_scale)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.set_lr((config.critic_lr or config.lr) * lr_scale)
         self.policy.eval()
-        policy = (self.adaptive if self.adaptive is not None and
-                  (self.watchdog is None or self.watchdog.sd_enabled) else None)
-        rollouts, stats = rollout_round(group, self.engine, requests, round_id=step,
-                                        strategy=policy, trainer=self.spot)
+        batch = self._collect(step)
         rollout_s = time.perf_counter() - start
-        texts = [self.detokenize(r.tokens.tolist()) for r in rollouts]
-        scored = score_all(self.reward_fn, [chosen[r.request_index].text for r in rollouts],
-                           texts, [chosen[r.request_index].reference for r in rollouts])
-        rewards = torch.tensor([s.reward for s in scored]).view(len(chosen),
-                                                                 config.samples_per_prompt)
-        advantages = group_advantages(rewards).view(-1)
         train_start = time.perf_counter()
-        losses = self._update(rollouts, advantages)
+        losses = self._update(batch.rollouts, torch.tensor(batch.scores, dtype=torch.float32))
         train_s = time.perf_counter() - train_start
-        refreshed = (refresh(group, self.drafter, stats.spot_steps)
+        spot_steps = sum(r.spot_steps for r in batch.rounds)
+        acceptance = _token_weighted(batch.rounds, lambda r: r.acceptance_length)
+        refreshed = (refresh(group, self.drafter, spot_steps)
                      if self.drafter is not None else False)
         drafter_event = None
         if self.watchdog is not None:
-            verdict = self.watchdog.observe(group.mean(stats.acceptance_length))
+            verdict = self.watchdog.observe(group.mean(acceptance))
             drafter_event = verdict.event
             if verdict.restore is not None:  # the refresh made drafting worse: undo it
                 self.drafter.load_state_dict(verdict.restore)
             if refreshed:
                 self.watchdog.publish()
-        lengths = [len(r.tokens) for r in rollouts]
         step_s = time.perf_counter() - start
+        trace_time, trace_running = _joined_traces(batch.rounds)
+        scores = torch.tensor(batch.all_scores)
         metrics = {
-            "step": step, "reward": float(rewards.mean()),
-            "reward_std": float(rewards.std(unbiased=False)),
+            "step": step, "reward": float(scores.mean()),
+            "reward_std": float(scores.std(unbiased=False)),
             "step_s": step_s, "rollout_s": rollout_s, "train_s": train_s,
             "rollout_share": rollout_s / step_s,
-            "tail_s": seconds_at_or_below(stats.trace_time_s, stats.trace_running,
-                                          TAIL_FRACTION * max(stats.trace_running, default=0)),
-            "acceptance_length": stats.acceptance_length,
-            **{f"acceptance_length/{label}": value
-               for label, value in stats.acceptance_by_position.items()},
-            "sd_on_share": stats.sd_on_share,
+            "tail_s": sum(seconds_at_or_below(r.trace_time_s, r.trace_running,
+                                              TAIL_FRACTION * max(r.trace_running, default=0))
+                          for r in batch.rounds),
+            "acceptance_length": acceptance,
+            **{f"acceptance_length/{label}": _token_weighted(
+                batch.rounds, lambda r, label=label: r.acceptance_by_position.get(label))
+               for label in batch.rounds[0].acceptance_by_position},
+            "sd_on_share": _token_weighted(batch.rounds, lambda r: r.sd_on_share) or 0.0,
             "drafter_version": self.watchdog.version if self.watchdog else None,
-            "drafter_event": drafter_event, "spot_steps": stats.spot_steps,
-            "response_length_mean": sum(lengths) / len(lengths),
-            "response_lengths": lengths,
-            "reward_errors": sum(s.error is not None for s in scored),
-            "first_reward_error": next((s.error for s in scored if s.error), None),
-            "trace_time_s": list(stats.trace_time_s), "trace_running": list(stats.trace_running),
-            **losses}
+            "drafter_event": drafter_event, "spot_steps": spot_steps,
+            "response_length_mean": sum(batch.all_lengths) / len(batch.all_lengths),
+            "response_lengths": batch.all_lengths,
+            "truncated_fraction": batch.truncated / len(batch.all_lengths),
+            "groups_dropped": batch.groups_dropped, "refill_rounds": len(batch.rounds) - 1,
+            "reward_errors": batch.reward_errors,
+            "first_reward_error": batch.first_reward_error,
+            "trace_time_s": trace_time, "trace_running": trace_running,
+            "lr": config.lr * lr_scale, **losses}
+        evaluate = config.eval_every and (step + 1) % config.eval_every == 0
+        metrics.update(self.evaluate() if evaluate else
+                       dict.fromkeys(["eval_s", "eval/reward",
+                                      *(f"eval/pass@{k}" for k in PASS_AT_K)]))
         self.state.history.append(metrics)
         self.state.step += 1
         return metrics
 
-    def _update(self, rollouts, advantages: torch.Tensor) -> dict:
+    def _rollout_policy(self):
+        """What drafts this round: the adaptive policy, unless TLT is off or the watchdog
+        turned SD off."""
+        if self.adaptive is not None and (self.watchdog is None or self.watchdog.sd_enabled):
+            return self.adaptive
+        return None
+
+    def _round_id(self) -> int:
+        self.state.rounds += 1
+        return self.state.rounds
+
+    def _collect(self, step: int) -> _Collected:
+        """Rolls out and scores the step's groups; with dynamic sampling, drops the groups
+        whose scores are all equal and refills (module docstring)."""
+        config, n, per = self.config, self.config.samples_per_prompt, self.config.prompts_per_step
+        kept = _Collected([], [], [], [], [], [], 0, 0, None, 0)
+        offered, kept_groups = 0, 0
+        while True:
+            count = per
+            if kept.rounds:  # a refill: the kept share so far says how many fill the gap
+                rate = max(kept_groups / offered, 1 / per)
+                count = min(per, math.ceil((per - len(kept.prompts)) / rate))
+            prompts = self._take_prompts(count)
+            requests = [self._request(p, config.max_new_tokens, step, offered + i)
+                        for i, p in enumerate(prompts)]
+            rollouts, stats = rollout_round(self.group, self.engine, requests,
+                                            round_id=self._round_id(),
+                                            strategy=self._rollout_policy(), trainer=self.spot)
+            kept.rounds.append(stats)
+            offered += len(prompts)
+            scored = score_all(self.reward_fn, [prompts[r.request_index].text for r in rollouts],
+                               [self.detokenize(r.tokens.tolist()) for r in rollouts],
+                               [prompts[r.request_index].reference for r in rollouts])
+            kept.all_scores += [s.reward for s in scored]
+            kept.all_lengths += [len(r.tokens) for r in rollouts]
+            kept.truncated += sum(r.finish_reason == "length" for r in rollouts)
+            kept.reward_errors += sum(s.error is not None for s in scored)
+            kept.first_reward_error = kept.first_reward_error or next(
+                (s.error for s in scored if s.error), None)
+            groups = {}
+            for rollout, score in zip(rollouts, scored):
+                groups.setdefault(rollout.request_index, []).append((rollout, score.reward))
+            rewards = torch.tensor([[s for _, s in groups[i]] for i in range(len(prompts))])
+            varied = (varied_groups(rewards).tolist() if config.dynamic_sampling
+                      else [True] * len(prompts))
+            kept.groups_dropped += varied.count(False)
+            kept_groups += varied.count(True)
+            for index, keep in enumerate(varied):
+                if keep and len(kept.prompts) < per:
+                    kept.prompts.append(prompts[index])
+                    kept.rollouts += [r for r, _ in groups[index]]
+                    kept.scores += [s for _, s in groups[index]]
+            if (not config.dynamic_sampling or len(kept.prompts) == per
+                    or len(kept.rounds) > config.max_refill_rounds):
+                return kept
+
+    def _update(self, rollouts, scores: torch.Tensor) -> dict:
+        """The policy's (and the critic's) update on the kept rollouts (group by group) with
+        their scores; the step's loss metrics."""
         config, group = self.config, self.group
+        if not rollouts:  # dynamic sampling kept no group: nothing to learn from
+            return _no_update(self.critic is not None)
         device = next(self.policy.parameters()).device
         # Mini-batches of similar lengths (little padding: the long tail's sequences would
         # otherwise pad every mini-batch they land in), taken in a seeded random order.
@@ -245,81 +426,218 @@ class GRPODriver:
         batches = [by_length[first:first + config.minibatch_size]
                    for first in range(0, len(by_length), config.minibatch_size)]
         random.Random(f"{config.seed}/{self.state.step}/minibatches").shuffle(batches)
-        model = self._ddp if self._ddp is not None else self.policy
-        recompute = config.old_logprobs == "recompute" or (
-            config.old_logprobs == "auto" and self.optimizer.mixed)
         mine_of = {number: [j for k, j in enumerate(batch) if k % group.world_size == group.rank]
                    for number, batch in enumerate(batches)}
         micros_of = {number: _micro_batches(rollouts, mine, config.micro_batch_tokens)
                      for number, mine in mine_of.items()}
-        recomputed = self._recompute_logprobs(rollouts, micros_of, device) if recompute else {}
+        counted = [not (config.mask_truncated_completions and r.finish_reason == "length")
+                   for r in rollouts]
+        before = self._before_update(rollouts, micros_of, device)
+        mine = sorted(j for micros in micros_of.values() for micro in micros for j in micro)
+        advantages, returns, value_stats = self._advantages(rollouts, scores, before, mine)
+        model = self._ddp if self._ddp is not None else self.policy
+        critic = self._critic_ddp if self._critic_ddp is not None else self.critic
+        kl_in_loss = self.reference is not None and config.kl_placement == "loss"
         self.policy.train()
-        parts, gaps, norms = [], [], []
+        if self.critic is not None:
+            self.critic.train()
+        sums, gaps, norms = [], [], []  # sums: per mini-batch (loss, value loss), then totals
+        totals = torch.zeros(4, dtype=torch.float64)  # kl, clipped, tokens, value-clipped
         for epoch in range(config.ppo_epochs):
             for number, batch in enumerate(batches):
-                total_tokens = sum(len(rollouts[j].tokens) for j in batch)
+                in_loss = [j for j in batch if counted[j]]
+                if not in_loss:  # every sequence masked: no optimizer step
+                    continue
+                batch_tokens = sum(len(rollouts[j].tokens) for j in in_loss)
                 micros = micros_of[number]
                 self.optimizer.zero_grad()
+                if self.critic_optimizer is not None:
+                    self.critic_optimizer.zero_grad()
+                batch_sums = [0.0, 0.0]
                 for index, micro in enumerate(micros):
-                    seqs, lengths, mask, old = _pack([rollouts[j] for j in micro], device)
-                    if recompute:  # the gap below is then the engine's vs the trainer's
-                        rollout_old, old = old, recomputed[tuple(micro)]
+                    seqs, lengths, mask, engine_logp = _pack([rollouts[j] for j in micro], device)
+                    T = mask.shape[1]
+                    weights = token_weights(
+                        mask * torch.tensor([counted[j] for j in micro], device=device)[:, None],
+                        config.loss_agg_mode, batch_tokens=batch_tokens,
+                        batch_sequences=len(in_loss), max_new_tokens=config.max_new_tokens)
+                    old = _pad([before["old"][j] for j in micro], T, device) \
+                        if "old" in before else engine_logp
+                    ref = _pad([before["ref"][j] for j in micro], T, device) \
+                        if kl_in_loss else None
                     # DDP reduces the gradients once per mini-batch, at the rank's last micro-
                     # batch: ranks may run different numbers of them
                     last = index == len(micros) - 1
-                    with contextlib.nullcontext() if last or self._ddp is None else \
-                            self._ddp.no_sync():
+                    with _sync_unless(self._ddp, last):
                         logp = response_logprobs(model, seqs, lengths, mask, config.temperature)
                         if epoch == 0 and number == 0:  # before any update: the rollout's policy
-                            engine_logp = rollout_old if recompute else old
                             gaps.append(float(((logp.detach() - engine_logp) * mask).abs().max()))
-                        ref = None
-                        if self.reference is not None:
-                            with torch.no_grad():
-                                ref = response_logprobs(self.reference, seqs, lengths, mask,
-                                                        config.temperature)
-                        local_tokens = float(mask.sum())
-                        part = ppo_clip_loss(logp, old, advantages[micro].to(device), mask,
-                                             config.clip_eps, ref, config.kl_coef)
-                        # mean over the micro-batch's tokens -> its share of the global mini-
-                        # batch's mean; DDP averages over ranks, hence the world size
-                        scale = local_tokens / max(total_tokens, 1) * group.world_size
-                        (part.loss * scale).backward()
-                    parts.append((part, local_tokens))
+                        part = ppo_clip_loss(
+                            logp, old, _pad([advantages[j] for j in micro], T, device), weights,
+                            epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
+                            ref_logp=ref, kl_coef=config.kl_coef if kl_in_loss else 0.0,
+                            kl_estimator=config.kl_estimator)
+                        # DDP averages over ranks; the weights already share the mini-batch out
+                        (part.loss * group.world_size).backward()
+                    batch_sums[0] += part.policy_loss
+                    totals[:3] += torch.tensor([part.kl_sum, part.clipped_tokens, part.tokens],
+                                               dtype=torch.float64)
+                    if self.critic is not None:
+                        with _sync_unless(self._critic_ddp, last):
+                            values = response_values(critic, seqs, lengths, mask)
+                            loss, clipped = value_loss(
+                                values, _pad([before["values"][j] for j in micro], T, device),
+                                _pad([returns[j] for j in micro], T, device), weights,
+                                config.cliprange_value)
+                            (loss * group.world_size).backward()
+                        batch_sums[1] += float(loss.detach())
+                        totals[3] += clipped
                 norms.append(self.optimizer.clip_and_step(config.max_grad_norm))
+                if self.critic_optimizer is not None:
+                    self.critic_optimizer.clip_and_step(config.max_grad_norm)
+                sums.append(batch_sums)
         self.policy.eval()
-        weight = sum(t for _, t in parts) or 1.0
-        return {"loss": sum(p.policy_loss * t for p, t in parts) / weight,
-                "kl": sum(p.kl * t for p, t in parts) / weight,
-                "clip_fraction": sum(p.clip_fraction * t for p, t in parts) / weight,
-                "grad_norm": max(norms),
-                "logprob_gap": max(gaps) if gaps else 0.0}
+        if self.critic is not None:
+            self.critic.eval()
+        # one reduction for every rank's shares: per-mini-batch losses, then the totals
+        reduced = group.all_reduce_sum(torch.cat([torch.tensor(sums, dtype=torch.float64)
+                                                  .reshape(-1), totals]))
+        per_batch = reduced[:-4].view(-1, 2) if sums else torch.zeros(1, 2, dtype=torch.float64)
+        kl_sum, clipped, tokens, value_clipped = reduced[-4:].tolist()
+        out = {"loss": float(per_batch[:, 0].mean()),
+               "kl": kl_sum / tokens if tokens and kl_in_loss else 0.0,
+               "clip_fraction": clipped / tokens if tokens else 0.0,
+               "grad_norm": max(norms, default=0.0),
+               "logprob_gap": max(gaps) if gaps else 0.0}
+        if self.critic is not None:
+            out.update(value_loss=float(per_batch[:, 1].mean()),
+                       value_clip_fraction=value_clipped / tokens if tokens else 0.0,
+                       **value_stats)
+        else:
+            out.update(value_loss=None, value_clip_fraction=None, explained_variance=None)
+        if self.reference is not None and config.kl_placement == "reward":
+            out["kl"] = value_stats.get("kl_in_reward", 0.0)
+        return out
 
-    def _recompute_logprobs(self, rollouts, micros_of: dict[int, list[list[int]]], device
-                            ) -> dict[tuple[int, ...], torch.Tensor]:
-        """The policy's own log-probs of every micro-batch (keyed by its rollout indices),
-        before any update, in the training pass: PPO's old log-probs when they are recomputed."""
-        out = {}
+    def _before_update(self, rollouts, micros_of: dict[int, list[list[int]]], device
+                       ) -> dict[str, dict[int, torch.Tensor]]:
+        """This rank's rollouts' per-token numbers before any update, keyed by rollout index:
+        "old" (the policy's own log-probs, when PPO's old log-probs are recomputed), "ref" (the
+        reference's, with a KL) and "values" (the critic's, with PPO)."""
+        config = self.config
+        recompute = config.old_logprobs == "recompute" or (
+            config.old_logprobs == "auto" and self.optimizer.mixed)
+        out = {name: {} for name, wanted in (("old", recompute),
+                                             ("ref", self.reference is not None),
+                                             ("values", self.critic is not None)) if wanted}
         self.policy.eval()
         with torch.no_grad():
             for micros in micros_of.values():
                 for micro in micros:
                     seqs, lengths, mask, _ = _pack([rollouts[j] for j in micro], device)
-                    out[tuple(micro)] = response_logprobs(self.policy, seqs, lengths, mask,
-                                                          self.config.temperature)
+                    passes = {"old": lambda: response_logprobs(self.policy, seqs, lengths, mask,
+                                                               config.temperature),
+                              "ref": lambda: response_logprobs(self.reference, seqs, lengths,
+                                                               mask, config.temperature),
+                              "values": lambda: response_values(self.critic, seqs, lengths,
+                                                                mask)}
+                    for name in out:
+                        result = passes[name]().cpu()
+                        for row, j in enumerate(micro):
+                            out[name][j] = result[row, :len(rollouts[j].tokens)]
         return out
+
+    def _advantages(self, rollouts, scores: torch.Tensor, before: dict, mine: list[int]
+                    ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], dict]:
+        """Per-token advantages and (PPO) returns of this rank's rollouts `mine`, keyed by
+        rollout index, and the statistics they give (explained variance; the in-reward KL)."""
+        config, group = self.config, self.group
+        rewards = scores.clone()
+        if config.overlong_buffer_len:
+            rewards += torch.tensor([overlong_penalty(len(r.tokens), config.max_new_tokens,
+                                                      config.overlong_buffer_len,
+                                                      config.overlong_penalty_factor)
+                                     for r in rollouts])
+        token_kl = {}
+        stats = {}
+        if self.reference is not None and config.kl_placement == "reward":
+            logp = before.get("old")
+            for j in mine:
+                own = logp[j] if logp is not None else rollouts[j].logprobs
+                token_kl[j] = kl_estimate(own, before["ref"][j], config.kl_estimator)
+            kl_sums = torch.zeros(len(rollouts) + 1, dtype=torch.float64)
+            for j in mine:
+                kl_sums[j] = float(token_kl[j].sum())
+                kl_sums[-1] += len(token_kl[j])
+            kl_sums = group.all_reduce_sum(kl_sums)
+            stats["kl_in_reward"] = float(kl_sums[:-1].sum() / kl_sums[-1].clamp(min=1))
+        advantages, returns = {}, {}
+        if self.critic is None:  # GRPO: every token of a sample gets its group advantage
+            if token_kl:
+                rewards = rewards - config.kl_coef * kl_sums[:-1].float()
+            group_adv = group_advantages(rewards.view(-1, config.samples_per_prompt),
+                                         config.scale_rewards).view(-1)
+            for j in mine:
+                advantages[j] = group_adv[j].expand(len(rollouts[j].tokens))
+            return advantages, returns, stats
+        # PPO: token rewards (the score at the last token, the KL at every token), GAE
+        moments = torch.zeros(6, dtype=torch.float64)  # n, sum A, sum A^2, sum R, R^2, (R-V)^2
+        for j in mine:
+            T = len(rollouts[j].tokens)
+            token_rewards = torch.zeros(T)
+            token_rewards[-1] = rewards[j]
+            if token_kl:
+                token_rewards -= config.kl_coef * token_kl[j].float()
+            values = before["values"][j]
+            advantages[j], returns[j] = gae(token_rewards, values, config.gamma, config.lam)
+            a, r = advantages[j].double(), returns[j].double()
+            moments += torch.stack([torch.tensor(float(T), dtype=torch.float64), a.sum(),
+                                    (a * a).sum(), r.sum(), (r * r).sum(),
+                                    ((r - values.double()) ** 2).sum()])
+        n, a_sum, a_squares, r_sum, r_squares, residual = group.all_reduce_sum(moments).tolist()
+        if config.whiten_advantages:
+            for j in mine:
+                advantages[j] = whiten(advantages[j], n, a_sum, a_squares)
+        return_variance = r_squares / n - (r_sum / n) ** 2
+        stats["explained_variance"] = (1 - residual / n / return_variance
+                                       if return_variance > 1e-12 else None)
+        return advantages, returns, stats
+
+    # ---- evaluation --------------------------------------------------------------------------
+
+    def evaluate(self) -> dict:
+        """The held-out prompts, `eval_samples` samples each, rolled out by the engine as the
+        training rollouts are (SD on when TLT is) and scored: eval/reward, eval/pass@k (k up to
+        eval_samples) and eval_s. The samples' seeds are the same at every evaluation, so two
+        evaluations differ by the policy only."""
+        config, start = self.config, time.perf_counter()
+        self.policy.eval()
+        requests = [self._request(p, config.max_new_tokens, EVAL_SEED_STEP, i,
+                                  n=config.eval_samples) for i, p in enumerate(self.evaluation)]
+        rollouts, _ = rollout_round(self.group, self.engine, requests, round_id=self._round_id(),
+                                    strategy=self._rollout_policy())
+        scored = score_all(self.reward_fn,
+                           [self.evaluation[r.request_index].text for r in rollouts],
+                           [self.detokenize(r.tokens.tolist()) for r in rollouts],
+                           [self.evaluation[r.request_index].reference for r in rollouts])
+        groups = [[] for _ in self.evaluation]
+        for rollout, score in zip(rollouts, scored):
+            groups[rollout.request_index].append(score.reward)
+        return {**evaluation_metrics(groups, config.pass_threshold),
+                "eval_s": time.perf_counter() - start}
 
     # ---- inputs --------------------------------------------------------------------------
 
-    def _prompts_for(self, step: int) -> list[Prompt]:
-        """The step's prompts: consecutive slices of a per-epoch seeded shuffle."""
-        per, total = self.config.prompts_per_step, len(self.prompts)
-        chosen = []
-        for k in range(step * per, (step + 1) * per):
+    def _take_prompts(self, count: int) -> list[Prompt]:
+        """The next `count` prompts of the data stream: consecutive slices of a per-epoch
+        seeded shuffle, from the cursor on."""
+        total, chosen = len(self.prompts), []
+        for k in range(self.state.prompts_used, self.state.prompts_used + count):
             epoch, index = divmod(k, total)
             order = list(range(total))
             random.Random(f"{self.config.seed}/epoch/{epoch}").shuffle(order)
             chosen.append(self.prompts[order[index]])
+        self.state.prompts_used += count
         return chosen
 
     def _request(self, prompt: Prompt, max_tokens: int, step: int, index: int,
@@ -339,7 +657,11 @@ class GRPODriver:
                  "history": list(self.state.history),
                  "model_config": _model_config(self.policy), "stop_ids": list(self.stop_ids),
                  "policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "prompts_used": self.state.prompts_used, "rounds": self.state.rounds,
                  "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
         if self.reference is not None:
             state["reference"] = self.reference.state_dict()
         if self.drafter is not None:
@@ -366,6 +688,9 @@ class GRPODriver:
                              f"({', '.join(changed)} differ); resume with the same model")
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         if self.reference is not None:
             self.reference.load_state_dict(state["reference"])
         if self.drafter is not None and "drafter" in state:
@@ -377,7 +702,8 @@ class GRPODriver:
             self.adaptive.load_state_dict(state["adaptive"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
-        self.state = TrainState(int(state["step"]), list(state["history"]))
+        self.state = TrainState(int(state["step"]), list(state["history"]),
+                                int(state["prompts_used"]), int(state["rounds"]))
 
     def save(self, directory: str | Path, *, keep: int = 2) -> Path | None:
         """Writes this step's checkpoint as directory/step-NNNNNN (NNNNNN = steps done) and
@@ -399,6 +725,50 @@ class GRPODriver:
 
 def _model_config(policy: torch.nn.Module) -> dict | None:
     return policy.config.to_hf_config() if isinstance(policy, Transformer) else None
+
+
+def _no_update(critic: bool) -> dict:
+    """The loss metrics of a step that kept no rollout to train on."""
+    out = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "logprob_gap": 0.0,
+           "value_loss": None, "value_clip_fraction": None, "explained_variance": None}
+    if critic:
+        out.update(value_loss=0.0, value_clip_fraction=0.0)
+    return out
+
+
+def _sync_unless(ddp: DistributedDataParallel | None, last: bool):
+    """DDP's gradient reduction only at a mini-batch's last micro-batch."""
+    return contextlib.nullcontext() if last or ddp is None else ddp.no_sync()
+
+
+def _token_weighted(rounds: list[WorkerRound], value: Callable[[WorkerRound], float | None]
+                    ) -> float | None:
+    """A per-round rate over a step's rounds, weighted by the tokens each generated (None
+    where no round has one)."""
+    pairs = [(value(r), r.tokens) for r in rounds if value(r) is not None]
+    weight = sum(t for _, t in pairs)
+    if not pairs:
+        return None
+    return sum(v * t for v, t in pairs) / weight if weight else pairs[0][0]
+
+
+def _joined_traces(rounds: list[WorkerRound]) -> tuple[list[float], list[int]]:
+    """The rounds' engine traces end to end: each round's times offset by the makespans
+    before it."""
+    times, running, offset = [], [], 0.0
+    for r in rounds:
+        times += [offset + t for t in r.trace_time_s]
+        running += list(r.trace_running)
+        offset += r.makespan_s
+    return times, running
+
+
+def _pad(rows: list[torch.Tensor], width: int, device) -> torch.Tensor:
+    """Per-sequence (T_i,) tensors as one right-padded (B, width) float tensor on device."""
+    out = torch.zeros(len(rows), width)
+    for b, row in enumerate(rows):
+        out[b, :len(row)] = row
+    return out.to(device)
 
 
 def _micro_batches(rollouts, indices: list[int], budget: int) -> list[list[int]]:

@@ -7,7 +7,7 @@ checkpoint and a prompt file; `tlt_core.embedded.train_inputs` from the embedded
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -38,25 +38,32 @@ class TrainInputs:
     # The checkpoint's tokenizer, saved with each policy folder; None for the embedded model
     # (its character tokenizer is not a Hugging Face one).
     tokenizer: CheckpointTokenizer | None = None
+    evaluation: list[Prompt] = field(default_factory=list)  # held-out prompts (eval_every)
 
 
 def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_path=None,
                       skip_bad_rows: bool = True, reward_fn: RewardFn = math_reward,
                       placement: Placement | None = None, chat_template: str | Path = "auto",
                       system_prompt: str | None = None, prompt_key: str | None = None,
-                      answer_key: str | None = None, split: str | None = None) -> TrainInputs:
+                      answer_key: str | None = None, split: str | None = None,
+                      eval_data_path: str | Path | None = None) -> TrainInputs:
     """A local Hugging Face checkpoint (its tokenizer and chat template included) and a prompt
-    data set (tlt_core.rl.data.load_prompts), in `placement` (default: float32 on the CPU).
+    data set (tlt_core.rl.data.load_prompts), in `placement` (default: float32 on the CPU);
+    held-out prompts from `eval_data_path` (same fields) when given.
     Prompts go through the prompt format `chat_template` names (tlt_core.model.prompt_format);
     a messages-style prompt needs a template."""
     placement = placement or Placement(torch.device("cpu"), torch.float32, "default")
     prompt_format = load_prompt_format(model_path, chat_template, system_prompt)
     tokenizer = prompt_format.tokenizer
-    data = load_prompts(data_path, prompt_key=prompt_key, answer_key=answer_key, split=split,
-                        on_bad_rows="skip" if skip_bad_rows else "error")
-    prompts = [Prompt(e.prompt, tuple(prompt_format.encode(list(e.messages) if e.messages
-                                                           else e.prompt)), e.answer)
-               for e in data.examples]
+    def read(path) -> tuple[list[Prompt], object]:
+        data = load_prompts(path, prompt_key=prompt_key, answer_key=answer_key, split=split,
+                            on_bad_rows="skip" if skip_bad_rows else "error")
+        return [Prompt(e.prompt, tuple(prompt_format.encode(list(e.messages) if e.messages
+                                                            else e.prompt)), e.answer)
+                for e in data.examples], data
+
+    prompts, data = read(data_path)
+    evaluation = read(eval_data_path)[0] if eval_data_path is not None else []
     policy = load_checkpoint(model_path, dtype=placement.dtype, device=placement.device)
     drafter = load_drafter(drafter_path, policy) if drafter_path is not None else None
     if drafter is not None and not isinstance(drafter, Drafter):
@@ -69,7 +76,7 @@ def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_
                        lambda ids: tokenizer.decode(ids), tuple(tokenizer.eos_ids),
                        f"{model_path} on {data_path} ({len(prompts)} prompts, {fields}; "
                        f"{prompt_format.describe()}; {placement.describe()})", data.bad_rows,
-                       tokenizer)
+                       tokenizer, evaluation)
 
 
 def load_reward(spec: str) -> RewardFn:

@@ -1,6 +1,6 @@
-"""Per-step metrics of the GRPO driver: their stable names, and where they are written.
+"""Per-step metrics of the RL driver: their stable names, and where they are written.
 
-`METRICS` is the contract: every scalar `GRPODriver.step()` returns, with its unit and meaning.
+`METRICS` is the contract: every scalar `RLDriver.step()` returns, with its unit and meaning.
 The names are the keys of `metrics.jsonl` and the tags of the TensorBoard scalars alike, and they
 do not change: dashboards and comparisons across runs key on them. `RECORD_FIELDS` lists the
 step record's other keys (the step index, text, lists) and why each is not a scalar. A test holds
@@ -36,6 +36,7 @@ import numpy as np
 
 from tlt_core.engine.records import POSITION_BUCKET_EDGES, POSITION_BUCKET_LABELS
 from tlt_core.rl.checkpoint_io import atomic_file, failed_write
+from tlt_core.rl.evaluation import PASS_AT_K
 
 
 def _bucket_range(bucket: int) -> str:
@@ -76,14 +77,38 @@ METRICS: dict[str, tuple[str, str]] = {
     "response_length_mean": ("tokens", "mean generated tokens per sample, stop token included"),
     "reward_errors": ("samples", "samples whose reward function raised or returned NaN (each "
                                  "scored 0)"),
-    "loss": ("nats / token", "PPO-clip policy loss, token-weighted mean over the step's "
-                             "micro-batches (KL term excluded)"),
-    "kl": ("nats / token", "k3 estimate of KL(policy || reference), token-weighted mean; 0 "
-                           "when kl_coef is 0"),
+    "truncated_fraction": ("fraction", "share of the step's samples cut at max_new_tokens "
+                                       "(mask_truncated_completions leaves them out of the "
+                                       "loss)"),
+    "groups_dropped": ("groups", "groups whose rewards were all equal, dropped by dynamic "
+                                 "sampling (0 without it)"),
+    "refill_rounds": ("rounds", "rollout rounds dynamic sampling added to refill the step's "
+                                "groups (0 without it)"),
+    "lr": ("learning rate", "the policy's learning rate in this step (the schedule's value)"),
+    "loss": ("nats / token", "clipped-surrogate policy loss as loss_agg_mode aggregates it "
+                             "(KL term excluded), mean over the step's mini-batches"),
+    "kl": ("nats / token", "the kl_estimator's estimate of KL(policy || reference) per "
+                           "response token, mean over the step's tokens; 0 when kl_coef is 0"),
     "clip_fraction": ("fraction", "share of response tokens whose clipped PPO term was the "
                                   "smaller one"),
     "grad_norm": ("L2 norm", "largest gradient norm of the step's optimizer steps, before "
                              "clipping"),
+    "value_loss": ("squared reward", "PPO's clipped value loss as loss_agg_mode aggregates "
+                                     "it, mean over the step's mini-batches; null with GRPO"),
+    "value_clip_fraction": ("fraction", "share of response tokens whose clipped value error "
+                                        "was the larger one; null with GRPO"),
+    "explained_variance": ("fraction", "1 - Var(returns - values) / Var(returns) over the "
+                                       "step's tokens, the critic before its update (1: "
+                                       "perfect, <= 0: no better than a constant); null with "
+                                       "GRPO or constant returns"),
+    "eval/reward": ("reward", "mean reward of the held-out prompts' samples, the policy after "
+                              "this step's update; null in steps without an evaluation"),
+    **{f"eval/pass@{k}": ("fraction", f"pass@{k} on the held-out prompts (unbiased estimator "
+                                      f"from eval_samples samples; a pass: reward >= "
+                                      f"pass_threshold); null without an evaluation or when "
+                                      f"eval_samples < {k}")
+       for k in PASS_AT_K},
+    "eval_s": ("s", "wall time of the evaluation (not part of step_s); null without one"),
     "logprob_gap": ("nats", "largest |recomputed - rollout| log-prob over the first "
                             "mini-batch's tokens, before any update; ~0 because speculative "
                             "decoding is lossless (a silent SD bug shows here)"),
@@ -219,7 +244,7 @@ def render_markdown() -> str:
         "Generated from `tlt_core/rl/metrics.py` by `render_markdown()`; a test checks that "
         "this page, the tables there and what `tlt_core/rl/driver.py` emits agree.",
         "",
-        "Every GRPO step appends one JSON object to `metrics.jsonl` in the run folder "
+        "Every RL step appends one JSON object to `metrics.jsonl` in the run folder "
         "(`baseline/metrics.jsonl` for the SD-off run of `--compare`). When the `tensorboard` "
         "package is installed, the scalars below are also written as TensorBoard scalars with "
         "the same names, at global step `step`, next to `metrics.jsonl` (`tensorboard --logdir "
