@@ -291,3 +291,32 @@ def test_cli_option_errors_name_the_flag(capsys):
         main(["train", "--eval-data", "held-out.jsonl"])
     with pytest.raises(SystemExit, match="--epsilon-high"):
         main(["train", "--epsilon-high", "-1"])
+
+
+# Each option on the toy task, where the reward (the share of response tokens equal to GOOD)
+# is learnable in a dozen steps.
+OPTIONS = {
+    "ppo": dict(algorithm="ppo", samples_per_prompt=2, critic_lr=3e-2),
+    "clip_higher": dict(epsilon_high=0.28),
+    "dynamic_sampling": dict(dynamic_sampling=True),
+    # with stop id 5 (below) some responses end; longer ones leave enough of them untruncated
+    "mask_truncated": dict(mask_truncated_completions=True, max_new_tokens=16),
+    # a penalty on the toy reward's scale (share of tokens, at most 1)
+    "overlong_penalty": dict(overlong_buffer_len=3, overlong_penalty_factor=0.1),
+    "scale_batch": dict(scale_rewards="batch"),
+    "scale_none": dict(scale_rewards="none"),
+    "seq_mean_token_mean": dict(loss_agg_mode="seq-mean-token-mean"),
+    "seq_mean_token_sum": dict(loss_agg_mode="seq-mean-token-sum"),
+    "dr_grpo": dict(loss_agg_mode="seq-mean-token-sum-norm", scale_rewards="none"),
+    "kl_loss_k3": dict(kl_coef=0.05),
+    "kl_reward_k1": dict(kl_coef=0.01, kl_placement="reward", kl_estimator="k1"),
+    "cosine_warmup": dict(lr_scheduler_type="cosine", warmup_steps=2),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_reward_rises_with_each_option(name):
+    stop_ids = (5,) if name in ("mask_truncated", "overlong_penalty") else ()
+    driver = make(small(steps=12, **OPTIONS[name]), stop_ids=stop_ids)
+    rewards = [driver.step()["reward"] for _ in range(12)]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards

@@ -1,8 +1,9 @@
 """The report of a `tlt train` run: a summary and plots, from the runs' per-step metrics.
 
 Plots (PNG, next to report.md): reward per step (TLT against the SD-off baseline when both ran),
-step time split into rollout and training, the running batch over the last step's rollout,
-acceptance length per step, and the response-length histogram.
+the held-out evaluation's reward and pass@k (when the run evaluated), step time split into
+rollout and training, the running batch over the last step's rollout, acceptance length per
+step, and the response-length histogram.
 """
 
 from __future__ import annotations
@@ -25,7 +26,20 @@ def summarize(history: list[dict]) -> dict:
             "reward_mean": statistics.mean(m["reward"] for m in history),
             "acceptance_length": statistics.mean(acceptance) if acceptance else None,
             "sd_on_share": statistics.mean(m["sd_on_share"] for m in history),
-            "max_logprob_gap": max(m["logprob_gap"] for m in history)}
+            "max_logprob_gap": max(m["logprob_gap"] for m in history),
+            **_last_evaluation(history)}
+
+
+def _last_evaluation(history: list[dict]) -> dict:
+    """The newest evaluation's reward and pass@k (the largest k it has), if any."""
+    evaluated = [m for m in history if m.get("eval/reward") is not None]
+    if not evaluated:
+        return {}
+    last = evaluated[-1]
+    k = max((key for key in last if key.startswith("eval/pass@") and last[key] is not None),
+            key=lambda key: int(key.rsplit("@", 1)[1]))
+    return {"eval_reward_last": last["eval/reward"], "eval_pass@1_last": last["eval/pass@1"],
+            f"eval_{k.split('/')[1]}_last": last[k]}
 
 
 def write_report(folder: Path, runs: dict[str, list[dict]]) -> Path:
@@ -52,6 +66,26 @@ def write_report(folder: Path, runs: dict[str, list[dict]]) -> Path:
     ax.set_ylabel("mean reward")
     ax.legend()
     save(fig, "reward.png", "Reward per step")
+
+    evaluated = {name: [m for m in history if m.get("eval/reward") is not None]
+                 for name, history in runs.items()}
+    if any(evaluated.values()):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for name, points in evaluated.items():
+            if not points:
+                continue
+            steps = [m["step"] for m in points]
+            ax.plot(steps, [m["eval/reward"] for m in points], marker="o",
+                    label=f"{name}: mean reward")
+            ks = [key for key in points[-1] if key.startswith("eval/pass@")
+                  and points[-1][key] is not None]
+            for key in ks[:1] + ks[-1:] if len(ks) > 1 else ks:
+                ax.plot(steps, [m[key] for m in points], marker=".", linestyle="--",
+                        label=f"{name}: {key.split('/')[1]}")
+        ax.set_xlabel("step (policy after its update)")
+        ax.set_ylabel("held-out reward / pass rate")
+        ax.legend(fontsize="small")
+        save(fig, "evaluation.png", "Held-out evaluation")
 
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5), squeeze=False,
                              sharey=True)
@@ -97,6 +131,7 @@ def write_report(folder: Path, runs: dict[str, list[dict]]) -> Path:
     summaries = {name: summarize(history) for name, history in runs.items()}
     keys = ["steps", "time_s", "mean_step_s", "rollout_s", "train_s", "tail_s", "reward_first",
             "reward_last", "reward_mean", "acceptance_length", "sd_on_share", "max_logprob_gap"]
+    keys += sorted({key for s in summaries.values() for key in s if key.startswith("eval_")})
     lines.append("| metric | " + " | ".join(summaries) + " |")
     lines.append("|---|" + "---:|" * len(summaries))
     for key in keys:
