@@ -2,7 +2,8 @@
 scalars of metrics.jsonl under the same names, at wandb step = the record's step, and the
 response lengths as a histogram; a resumed run continues the same wandb run, logging only the
 steps it lacks; the run is finished (failed when an exception ended it); rank != 0 writes
-nothing; without the package the error says `pip install wandb`.
+nothing; without the package the error says `pip install wandb`; `tlt train --wandb-project`
+writes a run, and --overwrite clears it.
 
 Offline runs are read back from wandb's own `run-ID.wandb` files (the LevelDB log format, each
 record a protobuf `Record`), since the installed wandb ships no reader of them."""
@@ -308,6 +309,15 @@ def test_without_wandb_the_error_says_pip_install_wandb(tmp_path, monkeypatch):
     MetricsWriter(tmp_path / "rank1", wandb=OFFLINE, enabled=False).write(fake_records(1)[0])
     assert not (tmp_path / "rank1").exists()  # rank != 0: nothing, not even an import
 
+    from tests.test_run_folder import tiny_train_argv, tiny_train_inputs
+    from tlt_core.cli import main
+
+    model, data = tiny_train_inputs(tmp_path)
+    with pytest.raises(SystemExit, match=r"tlt train: --wandb-project: the wandb package is not "
+                                         r"installed \(pip install wandb\)"):
+        main(tiny_train_argv(model, data, tmp_path / "cli", "--steps", "1", "--wandb-project",
+                             "tlt-test"))
+
 
 # Run in a child process: an audit hook, once added, stays for the life of the process.
 # wandb's telemetry may export as the process exits: each event is written out at once.
@@ -353,3 +363,36 @@ def test_settings_name_the_bad_field():
     with pytest.raises(ValueError, match="mode: must be one of online, offline or None, got "
                                          "'disabled'"):
         WandbSettings("p", mode="disabled")
+
+
+@needs_wandb
+@pytest.mark.slow
+def test_tlt_train_writes_an_offline_run_and_overwrite_clears_it(tmp_path, capsys):
+    """The embedded default, one small step: the run holds the step's metrics.jsonl scalars,
+    named after --out, with the run's config; --overwrite's clear_run deletes wandb's files."""
+    from tlt_core.cli import main
+    from tlt_core.cli.run_folder import clear_run, run_parts
+
+    out = tmp_path / "run"
+    assert main(["train", "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt",
+                 "2", "--max-new-tokens", "16", "--wandb-project", "test", "--wandb-mode",
+                 "offline", "--no-progress", "--out", str(out)]) == 0
+    (path,) = offline_runs(out)
+    run_id = (out / WANDB_RUN_ID_FILE).read_text().strip()
+    assert f"wandb: run {run_id} of project test, offline in {out / WANDB_DIR}" in \
+        capsys.readouterr().out
+    (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = history(path)
+    assert sorted(logged) == [0]
+    assert {n: v for n, v in logged[0].items() if n in METRICS} == expected_scalars(record)
+    run, exits = run_record(path)
+    assert (run.run_id, run.project, run.display_name, run.run_group, exits) == \
+        (run_id, "test", "run", "", [0])
+    assert config_of(run)["steps"] == 1 and config_of(run)["tlt"] is True
+
+    (out / "notes.txt").write_text("the user's own file")
+    assert {out / WANDB_DIR, out / WANDB_RUN_ID_FILE} <= set(run_parts(out))
+    clear_run(out)
+    assert not run_parts(out)
+    assert not (out / WANDB_DIR).exists() and not (out / WANDB_RUN_ID_FILE).exists()
+    assert (out / "notes.txt").read_text() == "the user's own file"
