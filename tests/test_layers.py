@@ -18,7 +18,7 @@ EMBEDDED_USERS = ("embedded", "bench", "cli")
 # Optional third-party dependencies (or version-dependent standard modules), which may be
 # imported where they are used: everything else is imported at module top.
 LAZY_IMPORTS = ("cupy", "datasets", "matplotlib", "pyarrow", "scipy", "tomli", "tomllib",
-                "torch.utils.tensorboard", "transformers", "trl", "yaml")
+                "torch.utils.tensorboard", "transformers", "trl", "wandb", "yaml")
 
 
 def _modules() -> dict[str, Path]:

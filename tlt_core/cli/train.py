@@ -2,7 +2,10 @@
 
 Writes, under --out (OUT; `OUT/baseline/` holds the same for --compare's SD-off run):
 - metrics.jsonl, one line per step, and, when the tensorboard package is installed, TensorBoard
-  event files beside it (names and units: tlt_core.rl.metrics, docs/metrics.md);
+  event files beside it (names and units: tlt_core.rl.metrics, docs/metrics.md); with
+  --wandb-project, the same metrics to a Weights & Biases run too, its local files in wandb/
+  and its id in wandb_run_id (--resume continues that run; --compare's baseline is a second
+  run, NAME-baseline, in the group NAME);
 - checkpoints/step-NNNNNN/ after every step (the state after NNNNNN steps, for --resume;
   tlt_core.rl.checkpoint_io: safetensors and JSON, atomic), the newest --keep-checkpoints kept;
 - policy/step-NNNNNN/, the policy as a Hugging Face folder transformers loads
@@ -27,7 +30,7 @@ import argparse
 import contextlib
 import os
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch.distributed as dist
@@ -46,6 +49,7 @@ from tlt_core.rl.metrics import MetricsWriter, tensorboard_available
 from tlt_core.rl.policy_folder import SpecialTokenIds, write_policy_folder
 from tlt_core.rl.report import summarize, write_report
 from tlt_core.rl.rewards import RewardMix, math_reward
+from tlt_core.rl.wandb_logger import WANDB_MODES, WandbError, WandbSettings, wandb_available
 
 _HELP = {
     "steps": "RL steps (rollout, update, refresh)",
@@ -179,6 +183,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="TensorBoard event files next to metrics.jsonl in --out (the "
                              "scalars of docs/metrics.md): auto writes them when the "
                              "tensorboard package is installed, on requires it")
+    parser.add_argument("--wandb-project", metavar="NAME",
+                        help="also log the metrics to this Weights & Biases project (the wandb "
+                             "package: pip install wandb; default: none, wandb off)")
+    parser.add_argument("--wandb-mode", choices=WANDB_MODES,
+                        help="online streams to the W&B server (after `wandb login`); offline "
+                             "writes the run under OUT/wandb, for `wandb sync` to upload later "
+                             "(default: online, or WANDB_MODE when set)")
+    parser.add_argument("--wandb-run-name", metavar="NAME",
+                        help="the wandb run's name (default: the --out folder's name); "
+                             "--compare's baseline is NAME-baseline, both in the group NAME")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -323,9 +337,9 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
         if writing and inputs.tokenizer is not None:  # lets `tlt export policy` rebuild a step
             with atomic_folder(folder / TOKENIZER_DIR) as temporary:
                 inputs.tokenizer.save(temporary)
-        with MetricsWriter(folder, tensorboard=tensorboard,
-                           history=driver.state.history if start is not None else None,
-                           enabled=writing) as writer:
+        with _metrics_writer(folder, config, args, tensorboard, nested=nested,
+                             history=driver.state.history if start is not None else None,
+                             enabled=writing) as writer:
             print(f"{name}: {inputs.description}, TLT {'on' if config.tlt else 'off'}; "
                   f"{config.steps} steps x {config.prompts_per_step} prompts x "
                   f"{config.samples_per_prompt} samples -> {folder}"
@@ -354,6 +368,37 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
                          + _how_to_continue(checkpoints, nested)) from None
     bar.close()
     return driver.state.history
+
+
+def _metrics_writer(folder: Path, config: TrainConfig, args: argparse.Namespace,
+                    tensorboard: bool, *, nested: bool, history: list[dict] | None,
+                    enabled: bool) -> MetricsWriter:
+    """The run's MetricsWriter, with its wandb run when --wandb-project is given (named as
+    --wandb-run-name says); wandb missing or failing to start stops `tlt train` with the fix."""
+    wandb = None
+    if args.wandb_project is not None:
+        if not wandb_available():
+            raise SystemExit("tlt train: --wandb-project: the wandb package is not installed "
+                             "(pip install wandb)")
+        name = args.wandb_run_name or args.out.resolve().name
+        try:
+            wandb = WandbSettings(args.wandb_project, mode=args.wandb_mode,
+                                  run_name=f"{name}-baseline" if nested else name,
+                                  group=name if args.compare else None,
+                                  config=asdict(config))
+        except ValueError as error:  # "project: must be ...": the flag is --wandb-project
+            setting, _, why = str(error).partition(": ")
+            raise SystemExit(f"tlt train: --wandb-{setting.replace('_', '-')}: {why}") from None
+    try:
+        writer = MetricsWriter(folder, tensorboard=tensorboard, history=history,
+                               enabled=enabled, wandb=wandb)
+    except WandbError as error:
+        raise SystemExit(f"tlt train: --wandb-project: {error}") from None
+    if writer.wandb is not None:
+        print(f"wandb: run {writer.wandb.run_id} of project {args.wandb_project}, "
+              + (f"offline in {folder / 'wandb'} (`wandb sync` uploads it)"
+                 if writer.wandb.offline else writer.wandb.url or "online"))
+    return writer
 
 
 def _how_to_continue(checkpoints: Path, nested: bool) -> str:

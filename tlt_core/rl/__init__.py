@@ -9,7 +9,8 @@ scalings, GAE, whitening, the overlong penalty, dynamic sampling's group test), 
 spot-trained drafter, refresh, watchdog, held-out evaluation); `rewards.py`
 the math-answer verifier and safe scoring of user reward functions; `data.py` prompt files;
 `inputs.py` what a run trains on; `metrics.py` the stable names of a step's metrics and where
-they are written; `report.py` a run's summary and plots; `checkpoint_io.py` checkpoints as
+they are written; `wandb_logger.py` those metrics as a Weights & Biases run (optional: the
+wandb package); `report.py` a run's summary and plots; `checkpoint_io.py` checkpoints as
 folders of safetensors and JSON (atomic, no pickle); `folder_lock.py` a folder one process
 writes at a time; `policy_folder.py` a trained policy as a Hugging Face folder transformers
 loads; `drafter_warmup.py` the offline drafter training before RL.

@@ -11,8 +11,11 @@ docs/metrics.md`).
 `MetricsWriter` writes one JSON line per step to `metrics.jsonl`, always; with TensorBoard on,
 also each scalar of `METRICS` (at global step = the record's `step`; a null value, e.g. no
 acceptance length in a step without speculation, is skipped) and the response lengths as a
-histogram, through `torch.utils.tensorboard.SummaryWriter`. TensorBoard is optional: the
-`tensorboard` package is not a dependency (`pip install tensorboard`).
+histogram, through `torch.utils.tensorboard.SummaryWriter`; with wandb settings, the same
+scalars and histogram, at wandb step = the record's `step`, to a Weights & Biases run
+(tlt_core.rl.wandb_logger: online, or offline under the run folder for `wandb sync`; a resumed
+run continues the same wandb run). TensorBoard and wandb are optional: neither package is a
+dependency (`pip install tensorboard`, `pip install wandb`).
 
 metrics.jsonl only ever holds whole records: a line is appended and fsync'd, and an append that
 fails (disk full, no permission) is cut back off before the OSError, which names the file, is
@@ -37,6 +40,7 @@ import numpy as np
 from tlt_core.engine.records import POSITION_BUCKET_EDGES, POSITION_BUCKET_LABELS
 from tlt_core.rl.checkpoint_io import atomic_file, failed_write
 from tlt_core.rl.evaluation import PASS_AT_K
+from tlt_core.rl.wandb_logger import WandbLogger, WandbSettings, remove_local_run
 
 
 def _bucket_range(bucket: int) -> str:
@@ -114,20 +118,20 @@ METRICS: dict[str, tuple[str, str]] = {
                             "decoding is lossless (a silent SD bug shows here)"),
 }
 
-# name: what it is, and why it is not a TensorBoard scalar
+# name: what it is, and why it is not a TensorBoard (or wandb) scalar
 RECORD_FIELDS: dict[str, str] = {
     "step": "the step index, from 0: the global step of every scalar above, not a series",
     "drafter_event": "the watchdog's verdict on the rollout's drafter: \"ok\", \"rolled_back\" "
                      "or \"sd_disabled\" (text; null without a drafter)",
     "first_reward_error": "the first reward-function error's message (text; null when none)",
-    "response_lengths": "generated tokens of every sample (a list; TensorBoard gets it as the "
-                        "histogram `response_lengths`)",
+    "response_lengths": "generated tokens of every sample (a list; TensorBoard and wandb get it "
+                        "as the histogram `response_lengths`)",
     "trace_time_s": "end of each decode step of the rollout, in seconds (a list: the running-"
                     "batch plot of the report)",
     "trace_running": "rows decoding during each of those steps (a list)",
 }
 
-HISTOGRAMS = ("response_lengths",)  # lists of numbers TensorBoard shows as histograms
+HISTOGRAMS = ("response_lengths",)  # lists of numbers TensorBoard and wandb show as histograms
 JSONL_FILE = "metrics.jsonl"
 TENSORBOARD_EVENTS = "events.out.tfevents.*"  # SummaryWriter's file names
 
@@ -161,6 +165,17 @@ def append_jsonl(path: Path, record: dict) -> None:
         os.close(descriptor)
 
 
+def step_scalars(record: dict) -> dict[str, float]:
+    """The scalars of METRICS that a step record holds a number for (null ones are skipped)."""
+    return {name: record[name] for name in METRICS
+            if isinstance(record.get(name), (int, float)) and not isinstance(record[name], bool)}
+
+
+def step_histograms(record: dict) -> dict[str, list]:
+    """The HISTOGRAMS that a step record holds a non-empty list for."""
+    return {name: record[name] for name in HISTOGRAMS if record.get(name)}
+
+
 def write_jsonl(path: Path, records: list[dict]) -> None:
     """`records`, one line each, as the file `path`, atomically."""
     with atomic_file(path) as temporary:
@@ -168,21 +183,25 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 class MetricsWriter:
-    """Writes a run's step records under `folder`: metrics.jsonl, and TensorBoard event files
-    when `tensorboard` is True.
+    """Writes a run's step records under `folder`: metrics.jsonl, TensorBoard event files when
+    `tensorboard` is True, and a wandb run when `wandb` gives its settings (its files under
+    `folder` too: tlt_core.rl.wandb_logger).
 
-    history: None starts a fresh run: a previous run's metrics.jsonl and TensorBoard event files
-    in the folder are removed (whether or not this run writes TensorBoard). A resumed run passes
-    its earlier records: they rewrite metrics.jsonl, and TensorBoard hides the events an
-    interrupted attempt wrote at steps >= len(history) (purge_step).
+    history: None starts a fresh run: a previous run's metrics.jsonl, TensorBoard event files
+    and wandb files in the folder are removed (whether or not this run writes them). A resumed
+    run passes its earlier records: they rewrite metrics.jsonl, TensorBoard hides the events an
+    interrupted attempt wrote at steps >= len(history) (purge_step), and the wandb run whose id
+    the folder holds continues.
     enabled: False writes nothing (the ranks other than 0 of a distributed run)."""
 
     def __init__(self, folder: str | Path, *, tensorboard: bool = False,
-                 history: list[dict] | None = None, enabled: bool = True):
+                 history: list[dict] | None = None, enabled: bool = True,
+                 wandb: WandbSettings | None = None):
         self.folder = Path(folder)
         self.jsonl_path = self.folder / JSONL_FILE
         self.enabled = enabled
         self._tensorboard = None
+        self._wandb = None
         if not enabled:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -190,6 +209,7 @@ class MetricsWriter:
             self.jsonl_path.unlink(missing_ok=True)
             for old in self.folder.glob(TENSORBOARD_EVENTS):
                 old.unlink()
+            remove_local_run(self.folder)
         else:
             write_jsonl(self.jsonl_path, history)
         if tensorboard:
@@ -200,37 +220,56 @@ class MetricsWriter:
 
             self._tensorboard = SummaryWriter(log_dir=str(self.folder),
                                               purge_step=len(history) if history else None)
+        if wandb is not None:
+            try:
+                self._wandb = WandbLogger(
+                    self.folder, wandb, history=None if history is None else
+                    [(m["step"], step_scalars(m), step_histograms(m)) for m in history])
+            except BaseException:
+                self.close(failed=True)
+                raise
 
     @property
     def tensorboard(self) -> bool:
         return self._tensorboard is not None
 
+    @property
+    def wandb(self) -> WandbLogger | None:
+        """The wandb run written to (its id, mode, address), None without one."""
+        return self._wandb
+
     def write(self, metrics: dict) -> None:
         if not self.enabled:
             return
         append_jsonl(self.jsonl_path, metrics)
-        if self._tensorboard is None:
+        if self._tensorboard is None and self._wandb is None:
             return
-        step = metrics["step"]
-        for name in METRICS:
-            value = metrics.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._tensorboard.add_scalar(name, value, step)
-        for name in HISTOGRAMS:
-            if metrics.get(name):
-                self._tensorboard.add_histogram(name, np.asarray(metrics[name]), step)
-        self._tensorboard.flush()  # a live TensorBoard sees every step; Ctrl-C loses none
-
-    def close(self) -> None:
+        step, scalars, histograms = metrics["step"], step_scalars(metrics), step_histograms(metrics)
         if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
+            for name, value in scalars.items():
+                self._tensorboard.add_scalar(name, value, step)
+            for name, values in histograms.items():
+                self._tensorboard.add_histogram(name, np.asarray(values), step)
+            self._tensorboard.flush()  # a live TensorBoard sees every step; Ctrl-C loses none
+        if self._wandb is not None:
+            self._wandb.log(step, scalars, histograms)
+
+    def close(self, *, failed: bool = False) -> None:
+        """Closes the event files and finishes the wandb run (marked failed when `failed`)."""
+        tensorboard, self._tensorboard = self._tensorboard, None
+        wandb, self._wandb = self._wandb, None
+        try:
+            if tensorboard is not None:
+                tensorboard.close()
+        finally:
+            if wandb is not None:
+                wandb.close(failed=failed)
 
     def __enter__(self) -> MetricsWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
 
 
 def render_markdown() -> str:
@@ -249,9 +288,12 @@ def render_markdown() -> str:
         "package is installed, the scalars below are also written as TensorBoard scalars with "
         "the same names, at global step `step`, next to `metrics.jsonl` (`tensorboard --logdir "
         "runs/tlt-train` shows the TLT run and, with `--compare`, the baseline side by side); "
-        "a null value is not written. In a multi-process run rank 0 writes, and timings, trace "
-        "and speculation counters are rank 0's own, while rewards, lengths and losses cover "
-        "every rank's samples.",
+        "a null value is not written. With `--wandb-project NAME`, the same scalars and the "
+        "`response_lengths` histogram also go to a Weights & Biases run, at wandb step `step` "
+        "(`--wandb-mode offline` writes it under the run folder for `wandb sync`; `--compare`'s "
+        "baseline is a second run in the same group). In a multi-process run rank 0 writes, "
+        "and timings, trace and speculation counters are rank 0's own, while rewards, lengths "
+        "and losses cover every rank's samples.",
         "",
         "## Scalars",
         "",
