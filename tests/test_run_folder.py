@@ -66,7 +66,9 @@ def test_a_rerun_never_replaces_an_earlier_run_unasked(tmp_path, train):
     before = snapshot(run)
     with pytest.raises(SystemExit, match=rf"--out: {re.escape(str(run))} holds an earlier run "
                                          r"\(metrics.jsonl, checkpoints/, policy/, tokenizer/, "
-                                         r"report.md\); continue it with --resume, replace it "
+                                         r"report.md, reward.png, step_time.png, "
+                                         r"running_batch.png, response_lengths.png\); continue "
+                                         r"it with --resume, replace it "
                                          r"with --overwrite"):
         train(run, "--steps", "2")
     assert snapshot(run) == before

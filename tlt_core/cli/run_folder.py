@@ -1,8 +1,8 @@
 """A `tlt train` run folder (--out): its parts, and when a run may use the folder.
 
 A run's parts (docs/cli.md, "the run folder"): metrics.jsonl and TensorBoard event files,
-checkpoints/, policy/, tokenizer/, report.md, baseline/ (the SD-off run of --compare, itself a
-run folder), wandb's files (wandb/ and wandb_run_id) and an older version's checkpoint.pt. A
+checkpoints/, policy/, tokenizer/, report.md and its plots, baseline/ (the SD-off run of
+--compare, itself a run folder), wandb's files (wandb/ and wandb_run_id) and an older version's checkpoint.pt. A
 folder holding any of them holds a run; every other file in it is the user's, and no flag
 touches it.
 
@@ -31,6 +31,7 @@ from pathlib import Path
 from tlt_core.rl.checkpoint_io import failed_write, latest_checkpoint
 from tlt_core.rl.folder_lock import FolderLockedError, folder_lock
 from tlt_core.rl.metrics import JSONL_FILE, TENSORBOARD_EVENTS
+from tlt_core.rl.report import PLOTS
 from tlt_core.rl.wandb_logger import WANDB_DIR, WANDB_RUN_ID_FILE
 
 # A run folder's parts (module docstring); `tlt export` reads them too.
@@ -38,8 +39,8 @@ CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR = "checkpoints", "policy", "tokenizer
 BASELINE_DIR = "baseline"
 REPORT_FILE = "report.md"
 OLD_CHECKPOINT = "checkpoint.pt"  # the single torch.save file of older versions: not read
-_PART_NAMES = (JSONL_FILE, CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR, REPORT_FILE, BASELINE_DIR,
-               WANDB_DIR, WANDB_RUN_ID_FILE, OLD_CHECKPOINT)
+_PART_NAMES = (JSONL_FILE, CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR, REPORT_FILE, *PLOTS,
+               BASELINE_DIR, WANDB_DIR, WANDB_RUN_ID_FILE, OLD_CHECKPOINT)
 
 
 class RunFolderError(ValueError):

@@ -11,6 +11,10 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+# Every plot a report may hold (next to report.md), so that a replaced run leaves none behind.
+PLOTS = ("reward.png", "evaluation.png", "step_time.png", "running_batch.png", "acceptance.png",
+         "response_lengths.png")
+
 
 def summarize(history: list[dict]) -> dict:
     if not history:
