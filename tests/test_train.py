@@ -113,18 +113,42 @@ def test_tlt_rollout_logprobs_match_and_drafter_state_is_checkpointed(tmp_path):
     assert trainer.harvest is None and "spot" not in state  # one rank: nobody idles to train
 
 
-def _rank_main(rank, world, rendezvous, out):
+# Options whose numbers come from every rank's share: reductions of the KL in the reward, the
+# batch's reward std, PPO's whitening and explained variance, refills judged on gathered scores.
+RANKED_OPTIONS = {
+    "grpo": {},
+    "grpo_options": dict(dynamic_sampling=True, mask_truncated_completions=True,
+                         overlong_buffer_len=2, scale_rewards="batch", kl_coef=0.05,
+                         kl_placement="reward", kl_estimator="k1",
+                         loss_agg_mode="seq-mean-token-mean", epsilon_high=0.28,
+                         lr_scheduler_type="cosine", eval_every=1),
+    "ppo": dict(algorithm="ppo", samples_per_prompt=2, critic_lr=3e-2, kl_coef=0.05,
+                loss_agg_mode="seq-mean-token-sum-norm", eval_every=1),
+}
+
+
+def make_ranked(options: dict):
+    """The 2-rank test's trainer: stop id 5 ends some responses (masking has something to
+    keep), held-out prompts for the evaluation."""
+    torch.manual_seed(0)
+    return RLDriver(tiny_target(sharpen=2.0), toy_prompts(), toy_reward, detokenize, (5,),
+                    small(steps=2, micro_batch_tokens=16, **options),
+                    evaluation=[Prompt(str(p), tuple(p), str(GOOD)) for p in PROMPTS[6:8]])
+
+
+def _rank_main(rank, world, rendezvous, out, options):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=world)
     torch.set_num_threads(1)
-    trainer = make(small(steps=2, micro_batch_tokens=16))  # ranks run unequal micro-batch counts
+    trainer = make_ranked(options)  # ranks run unequal micro-batch counts
     for _ in range(2):
         trainer.step()
     if rank == 0:
         with open(out, "w") as handle:
-            json.dump({"rewards": [m["reward"] for m in trainer.state.history],
+            json.dump({"history": [{k: m[k] for k in RANKED_METRICS}
+                                   for m in trainer.state.history],
                        "weights": [p.detach().flatten()[:50].tolist()
                                    for p in trainer.policy.parameters()]}, handle)
     dist.barrier()
@@ -167,15 +191,21 @@ def test_two_ranks_train_a_bf16_policy_in_lockstep(tmp_path):
     assert moved
 
 
+RANKED_METRICS = ("reward", "groups_dropped", "refill_rounds", "truncated_fraction",
+                  "eval/reward")
+
+
 @pytest.mark.slow
-def test_two_ranks_equal_one_rank(tmp_path):
+@pytest.mark.parametrize("name", list(RANKED_OPTIONS))
+def test_two_ranks_equal_one_rank(tmp_path, name):
     out = tmp_path / "rank0.json"
-    mp.spawn(_rank_main, args=(2, str(tmp_path / "rendezvous"), str(out)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, str(tmp_path / "rendezvous"), str(out), RANKED_OPTIONS[name]),
+             nprocs=2, join=True)
     got = json.loads(out.read_text())
-    single = make(small(steps=2, micro_batch_tokens=16))
+    single = make_ranked(RANKED_OPTIONS[name])
     for _ in range(2):
         single.step()
-    assert got["rewards"] == [m["reward"] for m in single.state.history]
+    assert got["history"] == [{k: m[k] for k in RANKED_METRICS} for m in single.state.history]
     for theirs, mine in zip(got["weights"], single.policy.parameters()):
         torch.testing.assert_close(torch.tensor(theirs), mine.detach().flatten()[:50],
                                    rtol=1e-4, atol=1e-5)
