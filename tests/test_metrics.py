@@ -1,4 +1,4 @@
-"""Metrics: the documented table is exactly what the GRPO driver emits, docs/metrics.md is the
+"""Metrics: the documented table is exactly what the RL driver emits, docs/metrics.md is the
 table, metrics.jsonl is always written (fresh, resumed, rank 0 only) and only ever holds whole
 records, TensorBoard scalars carry the same names when the tensorboard package is installed,
 and `tlt train` writes both."""
@@ -20,7 +20,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
 
 def step_records(tlt: bool) -> list[dict]:
-    """Two steps of the GRPO driver on the tiny target (with its drafter when tlt)."""
+    """Two steps of the RL driver on the tiny target (with its drafter when tlt)."""
     target = tiny_target(sharpen=2.0)
     drafter = train_drafter(target, steps=20) if tlt else None
     prompts = [Prompt(str(p), tuple(p), "7") for p in PROMPTS[:4]]

@@ -1,5 +1,6 @@
-"""The GRPO driver: resume = uninterrupted, 2 ranks = 1 rank, a real learning signal, TLT's
-log-probs, bad data / config / rewards reported clearly."""
+"""The RL driver (GRPO by default): resume = uninterrupted, 2 ranks = 1 rank (also with PPO and
+the options that reduce over ranks), a real learning signal, TLT's log-probs, bad data / config /
+rewards reported clearly."""
 
 import json
 import os

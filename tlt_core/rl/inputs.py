@@ -1,4 +1,4 @@
-"""What the GRPO driver trains on, as one record: the policy, its drafter (or None: the adaptive
+"""What the RL driver trains on, as one record: the policy, its drafter (or None: the adaptive
 loop then uses suffix-match drafts only), prompts with reference answers, the reward function,
 and the tokenizer's text side. `checkpoint_inputs` builds it from a local Hugging Face
 checkpoint and a prompt file; `tlt_core.embedded.train_inputs` from the embedded workload.
