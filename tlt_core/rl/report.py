@@ -86,6 +86,7 @@ def write_report(folder: Path, runs: dict[str, list[dict]]) -> Path:
             for key in ks[:1] + ks[-1:] if len(ks) > 1 else ks:
                 ax.plot(steps, [m[key] for m in points], marker=".", linestyle="--",
                         label=f"{name}: {key.split('/')[1]}")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("step (policy after its update)")
         ax.set_ylabel("held-out reward / pass rate")
         ax.legend(fontsize="small")
