@@ -4,6 +4,8 @@ and the memory-bounding parts of prefill (logits at the used positions, chunked 
 nothing the engine emits.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -126,9 +128,27 @@ def test_onednn_pack_follows_weight_updates():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_deep_copy_decodes_with_its_own_weights(dtype):
+    """copy.deepcopy of a model (a reference policy, a trainer's own copy) packs the copy's
+    parameters and follows their updates, before and after the original was packed."""
+    model = model_of("llama", dtype)
+    fresh = copy.deepcopy(model)  # before any pack
+    step_and_forward(model, dtype)
+    packed = copy.deepcopy(model)  # after the original's pack was built
+    for twin in (fresh, packed):
+        with torch.no_grad():
+            twin.model.layers[1].mlp.down_proj.weight.mul_(3.0)
+        got, expected = step_and_forward(twin, dtype)
+        assert (got - expected).abs().max() <= TOLERANCE[dtype] * expected.abs().max()
+    original, expected = step_and_forward(model, dtype)  # untouched by the copies' updates
+    assert (original - expected).abs().max() <= TOLERANCE[dtype] * expected.abs().max()
+    assert (original - got).abs().max() > 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_packed_matrix_is_f_linear_and_follows_its_source(dtype):
     """PackedMatrix (the drafter's fc and head at inference) gives F.linear's bits, in place
-    updates, new tensors and inference tensors included."""
+    updates, new tensors, inference tensors and deep copies included."""
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(40, 24, generator=g).to(dtype)
     bias = torch.randn(40, generator=g).to(dtype)
@@ -137,6 +157,8 @@ def test_packed_matrix_is_f_linear_and_follows_its_source(dtype):
     assert torch.equal(product(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
     if dtype == torch.bfloat16 and weight_layout.onednn_available():
         assert product.layout == "onednn"
+    twin = copy.deepcopy(product)  # packed (oneDNN's opaque tensors cannot be copied): empty
+    assert torch.equal(twin(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
     weight.mul_(2.0)  # an optimizer step: the version counter moves
     assert torch.equal(product(x, weight), torch.nn.functional.linear(x, weight))
     other = weight[:20] * 0.5  # another tensor (a regathered head)

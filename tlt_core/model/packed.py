@@ -31,6 +31,7 @@ heads, I intermediate size, S cache slots read.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -135,6 +136,13 @@ class PackedLayers:
         self.generation = 0  # bumped when the packed tensors are replaced, not refreshed in place
         self._param_storages: set[int] = set()  # the parameters' storages when last packed
         self.rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin_signed
+
+    def __deepcopy__(self, memo) -> PackedLayers:
+        """An empty pack reading the copied owner's layers (the callables are bound methods,
+        which deepcopy maps to the copy): the pack is a cache of the weights, packed afresh
+        from the copy's own, and a oneDNN-layout tensor cannot be copied at all."""
+        return PackedLayers(copy.deepcopy(self.layers_of, memo), self.config,
+                            copy.deepcopy(self.requested_layout, memo))
 
     def rope(self, rotary: nn.Module, positions: torch.Tensor, bound: int, dtype: torch.dtype
              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,10 +344,17 @@ class PackedDecoder:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.layers = PackedLayers(lambda: model.model.layers, model.config,
-                                   lambda: model.inference_layout)
+        # Bound methods, not closures over `model`: copy.deepcopy maps a bound method's owner
+        # to the copy, while a closure would keep packing the original model's weights.
+        self.layers = PackedLayers(self._decoder_layers, model.config, self._requested_layout)
         # the LM head in the layers' layout ("fold": F.linear on the parameter, no copy)
         self.head = PackedMatrix()
+
+    def _decoder_layers(self) -> Sequence[nn.Module]:
+        return self.model.model.layers
+
+    def _requested_layout(self) -> str:
+        return self.model.inference_layout
 
     def copy_bytes(self) -> int:
         """Memory the packed copies take beyond the parameters."""

@@ -115,6 +115,11 @@ class PackedMatrix:
         # was replaced, not written in place): a CUDA graph that read the old one is stale
         self.generation = 0
 
+    def __deepcopy__(self, memo) -> PackedMatrix:
+        """An empty pack: the pack is a cache of its owner's weight, which a copied owner packs
+        afresh from its own (and a oneDNN-layout tensor cannot be copied at all)."""
+        return PackedMatrix()
+
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  layout: str | None = None) -> torch.Tensor:
         """x (M, in) @ weight.T (+ bias) -> (M, out), weight (out, in); layout: "onednn" or
