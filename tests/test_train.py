@@ -125,6 +125,8 @@ RANKED_OPTIONS = {
                          lr_scheduler_type="cosine", eval_every=1),
     "ppo": dict(algorithm="ppo", samples_per_prompt=2, critic_lr=3e-2, kl_coef=0.05,
                 loss_agg_mode="seq-mean-token-sum-norm", eval_every=1),
+    # mini-batches of 3 of the 16 sequences: the last has 1, so rank 1 holds none of it
+    "ppo_short_last_batch": dict(algorithm="ppo", minibatch_size=3, critic_lr=3e-2),
 }
 
 
@@ -133,7 +135,7 @@ def make_ranked(options: dict):
     keep), held-out prompts for the evaluation."""
     torch.manual_seed(0)
     return RLDriver(tiny_target(sharpen=2.0), toy_prompts(), toy_reward, detokenize, (5,),
-                    small(steps=2, micro_batch_tokens=16, **options),
+                    small(**{**dict(steps=2, micro_batch_tokens=16), **options}),
                     evaluation=[Prompt(str(p), tuple(p), str(GOOD)) for p in PROMPTS[6:8]])
 
 

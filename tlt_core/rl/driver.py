@@ -22,7 +22,8 @@ One step:
    mini-batch, and DistributedDataParallel sums the gradients (it averages, so the loss is
    scaled by the world size): the update is the same for any number of ranks. A rank's share
    runs as length-sorted micro-batches of at most `micro_batch_tokens` padded tokens whose
-   gradients accumulate. `mask_truncated_completions` leaves the responses cut at
+   gradients accumulate; a rank with fewer of them than another (or none) runs zero-gradient
+   passes first, so every rank makes the same DDP calls. `mask_truncated_completions` leaves the responses cut at
    `max_new_tokens` out of both losses. The first mini-batch's log-probs, before any update,
    are compared with the rollout's: `logprob_gap` (~0 in float32; SD is lossless).
 4. The engine reads the policy's weights directly (its packed copy is rebuilt when they change),
@@ -268,9 +269,13 @@ class RLDriver:
         if self.group.distributed:
             device = next(policy.parameters()).device
             ids = [device.index] if device.type == "cuda" else None
-            self._ddp = DistributedDataParallel(policy, device_ids=ids)
+            # No buffer broadcast: the models' buffers (RoPE frequencies) are the same on every
+            # rank, and a broadcast in every synced forward would be a collective that ranks
+            # running different numbers of micro-batches reach different numbers of times.
+            self._ddp = DistributedDataParallel(policy, device_ids=ids, forward_sync_buffers=False)
             if self.critic is not None:
-                self._critic_ddp = DistributedDataParallel(self.critic, device_ids=ids)
+                self._critic_ddp = DistributedDataParallel(self.critic, device_ids=ids,
+                                                           forward_sync_buffers=False)
         max_len = max(len(p.ids) for p in self.prompts + self.evaluation) + config.max_new_tokens
         engine_config = EngineConfig(max_batch=config.max_batch, max_len=max_len, seed=config.seed)
         self.drafter = drafter if config.tlt else None
@@ -426,10 +431,16 @@ class RLDriver:
         batches = [by_length[first:first + config.minibatch_size]
                    for first in range(0, len(by_length), config.minibatch_size)]
         random.Random(f"{config.seed}/{self.state.step}/minibatches").shuffle(batches)
-        mine_of = {number: [j for k, j in enumerate(batch) if k % group.world_size == group.rank]
+        mine_of = {number: batch[group.rank::group.world_size]
                    for number, batch in enumerate(batches)}
         micros_of = {number: _micro_batches(rollouts, mine, config.micro_batch_tokens)
                      for number, mine in mine_of.items()}
+        # the most micro-batches any rank runs in each mini-batch (each rank can work out every
+        # rank's share: they all hold every rollout)
+        counts_of = {number: max(len(_micro_batches(rollouts, batch[rank::group.world_size],
+                                                    config.micro_batch_tokens))
+                                 for rank in range(group.world_size))
+                     for number, batch in enumerate(batches)}
         counted = [not (config.mask_truncated_completions and r.finish_reason == "length")
                    for r in rollouts]
         before = self._before_update(rollouts, micros_of, device)
@@ -453,8 +464,16 @@ class RLDriver:
                 self.optimizer.zero_grad()
                 if self.critic_optimizer is not None:
                     self.critic_optimizer.zero_grad()
+                # Every rank runs the same number of passes through each DDP model, whatever
+                # its share (DDP's reductions and bucket rebuilds are collectives): a rank with
+                # fewer micro-batches first runs zero-gradient ones on a sequence of the batch.
+                padding = counts_of[number] - len(micros)
+                for index in range(padding):
+                    with _sync_unless(self._ddp, index == counts_of[number] - 1), \
+                            _sync_unless(self._critic_ddp, index == counts_of[number] - 1):
+                        self._zero_gradient_pass(rollouts[batch[0]], device)
                 batch_sums = [0.0, 0.0]
-                for index, micro in enumerate(micros):
+                for index, micro in enumerate(micros, start=padding):
                     seqs, lengths, mask, engine_logp = _pack([rollouts[j] for j in micro], device)
                     T = mask.shape[1]
                     weights = token_weights(
@@ -467,7 +486,7 @@ class RLDriver:
                         if kl_in_loss else None
                     # DDP reduces the gradients once per mini-batch, at the rank's last micro-
                     # batch: ranks may run different numbers of them
-                    last = index == len(micros) - 1
+                    last = index == counts_of[number] - 1
                     with _sync_unless(self._ddp, last):
                         logp = response_logprobs(model, seqs, lengths, mask, config.temperature)
                         if epoch == 0 and number == 0:  # before any update: the rollout's policy
@@ -518,6 +537,16 @@ class RLDriver:
         if self.reference is not None and config.kl_placement == "reward":
             out["kl"] = value_stats.get("kl_in_reward", 0.0)
         return out
+
+    def _zero_gradient_pass(self, rollout, device) -> None:
+        """A forward and backward through the policy (and the critic) that adds nothing to the
+        gradients: a rank's stand-in for a micro-batch it does not have."""
+        seqs, lengths, mask, _ = _pack([rollout], device)
+        model = self._ddp if self._ddp is not None else self.policy
+        (0.0 * response_logprobs(model, seqs, lengths, mask)).sum().backward()
+        if self.critic is not None:
+            critic = self._critic_ddp if self._critic_ddp is not None else self.critic
+            (0.0 * response_values(critic, seqs, lengths, mask)).sum().backward()
 
     def _before_update(self, rollouts, micros_of: dict[int, list[list[int]]], device
                        ) -> dict[str, dict[int, torch.Tensor]]:
