@@ -15,6 +15,7 @@ tests/test_tokenizer.py (the same fixture).
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,28 +87,6 @@ def test_generate_cli_answers_in_chat(smollm2_dir, capsys):
     assert "chat template" in err and "bfloat16" in err and "stats: peak" in err
 
 
-PPO_CONFIG = """
-algorithm = "ppo"
-steps = 2
-prompts_per_step = 2
-samples_per_prompt = 2
-max_new_tokens = 24
-minibatch_size = 4
-lr = 1e-5
-critic_lr = 1e-4
-critic_layers = 4
-epsilon_high = 0.28
-overlong_buffer_len = 4
-kl_coef = 0.01
-kl_placement = "reward"
-kl_estimator = "k1"
-lr_scheduler_type = "cosine"
-warmup_steps = 1
-eval_every = 1
-eval_samples = 2
-"""
-
-
 @pytest.mark.slow
 def test_train_writes_a_policy_folder_transformers_loads(smollm2_dir, tmp_path):
     """PPO with the trainer options from a config file, and a held-out evaluation, on the real
@@ -115,8 +94,7 @@ def test_train_writes_a_policy_folder_transformers_loads(smollm2_dir, tmp_path):
     data, held_out = tmp_path / "arithmetic.jsonl", tmp_path / "held-out.jsonl"
     assert main(["data", "arithmetic", str(data), "--n", "16"]) == 0
     assert main(["data", "arithmetic", str(held_out), "--n", "4", "--seed", "99"]) == 0
-    config = tmp_path / "ppo.toml"
-    config.write_text(PPO_CONFIG)
+    config = Path(__file__).resolve().parents[1] / "examples" / "configs" / "ppo.toml"
     out = tmp_path / "run"
     assert main(["train", "--config", str(config), "--model", str(smollm2_dir), "--data",
                  str(data), "--eval-data", str(held_out), "--out", str(out), "--no-progress",

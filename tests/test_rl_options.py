@@ -284,6 +284,22 @@ def test_tlt_train_takes_every_option_from_a_config_file(tmp_path, capsys):
     assert (out / "report.md").is_file()
 
 
+@pytest.mark.parametrize("name", ["grpo_dapo.toml", "ppo.toml"])
+def test_the_example_configs_load_into_train_configs(name):
+    """examples/configs/: every key is an option of `tlt train` and every value a valid one."""
+    from pathlib import Path
+
+    from tlt_core.cli.config_file import parse_args
+    from tlt_core.cli.main import build_parser
+    from tlt_core.cli.options import dataclass_from_args
+    from tlt_core.cli.train import _HELP
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "configs" / name
+    args = parse_args(build_parser(), ["train", "--config", str(path)])
+    config = dataclass_from_args(TrainConfig, args, _HELP, "tlt train")
+    assert config.eval_every >= 1 and config.epsilon_high == pytest.approx(0.28)
+
+
 def test_cli_option_errors_name_the_flag(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--algorithm", "a2c"])

@@ -149,6 +149,11 @@ class TrainConfig:
     eval_samples: int = 4
     pass_threshold: float = 1.0
 
+    @property
+    def critic_peak_lr(self) -> float:
+        """The critic's learning rate before the schedule: critic_lr, else the policy's."""
+        return self.lr if self.critic_lr is None else self.critic_lr
+
     def __post_init__(self):
         positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
                     "minibatch_size", "micro_batch_tokens", "ppo_epochs", "max_batch",
@@ -260,7 +265,7 @@ class RLDriver:
         if config.algorithm == "ppo":
             self.critic = ValueModel(policy, config.critic_layers)
             self.critic_optimizer = MasterWeightAdamW(
-                self.critic.parameters(), lr=config.critic_lr or config.lr, betas=(0.9, 0.95),
+                self.critic.parameters(), lr=config.critic_peak_lr, betas=(0.9, 0.95),
                 weight_decay=0.0)
         self.reference = None
         if config.kl_coef > 0:
@@ -309,7 +314,7 @@ class RLDriver:
                                  min_lr_ratio=config.min_lr_ratio)
         self.optimizer.set_lr(config.lr * lr_scale)
         if self.critic_optimizer is not None:
-            self.critic_optimizer.set_lr((config.critic_lr or config.lr) * lr_scale)
+            self.critic_optimizer.set_lr(config.critic_peak_lr * lr_scale)
         self.policy.eval()
         batch = self._collect(step)
         rollout_s = time.perf_counter() - start
@@ -376,7 +381,7 @@ class RLDriver:
     def _collect(self, step: int) -> _Collected:
         """Rolls out and scores the step's groups; with dynamic sampling, drops the groups
         whose scores are all equal and refills (module docstring)."""
-        config, n, per = self.config, self.config.samples_per_prompt, self.config.prompts_per_step
+        config, per = self.config, self.config.prompts_per_step
         kept = _Collected([], [], [], [], [], [], 0, 0, None, 0)
         offered, kept_groups = 0, 0
         while True:
@@ -431,16 +436,13 @@ class RLDriver:
         batches = [by_length[first:first + config.minibatch_size]
                    for first in range(0, len(by_length), config.minibatch_size)]
         random.Random(f"{config.seed}/{self.state.step}/minibatches").shuffle(batches)
-        mine_of = {number: batch[group.rank::group.world_size]
-                   for number, batch in enumerate(batches)}
-        micros_of = {number: _micro_batches(rollouts, mine, config.micro_batch_tokens)
-                     for number, mine in mine_of.items()}
-        # the most micro-batches any rank runs in each mini-batch (each rank can work out every
-        # rank's share: they all hold every rollout)
-        counts_of = {number: max(len(_micro_batches(rollouts, batch[rank::group.world_size],
-                                                    config.micro_batch_tokens))
-                                 for rank in range(group.world_size))
-                     for number, batch in enumerate(batches)}
+        # Every rank's micro-batches of each mini-batch (rank r takes the sequences j with
+        # j mod world == r; each rank can work out all the shares: they all hold every rollout)
+        shares = [[_micro_batches(rollouts, batch[rank::group.world_size],
+                                  config.micro_batch_tokens) for rank in range(group.world_size)]
+                  for batch in batches]
+        micros_of = {number: share[group.rank] for number, share in enumerate(shares)}
+        counts_of = {number: max(map(len, share)) for number, share in enumerate(shares)}
         counted = [not (config.mask_truncated_completions and r.finish_reason == "length")
                    for r in rollouts]
         before = self._before_update(rollouts, micros_of, device)
@@ -484,8 +486,7 @@ class RLDriver:
                         if "old" in before else engine_logp
                     ref = _pad([before["ref"][j] for j in micro], T, device) \
                         if kl_in_loss else None
-                    # DDP reduces the gradients once per mini-batch, at the rank's last micro-
-                    # batch: ranks may run different numbers of them
+                    # DDP reduces the gradients once per mini-batch, at its last pass
                     last = index == counts_of[number] - 1
                     with _sync_unless(self._ddp, last):
                         logp = response_logprobs(model, seqs, lengths, mask, config.temperature)
