@@ -14,7 +14,8 @@ from tlt_core.rl.advantages import group_advantages
 from tlt_core.rl.losses import ppo_clip_loss, response_logprobs
 from tlt_core.drafting.tree import Strategy
 import tlt_core.rl.driver as driver_module
-from tlt_core.rl.driver import RLDriver, Prompt, TrainConfig, _pack
+from tlt_core.rl.driver import RLDriver, Prompt, TrainConfig
+from tlt_core.rl.update import pack_micro_batch
 
 
 def test_advantages_by_hand():
@@ -75,10 +76,11 @@ def test_rollout_logprobs_equal_the_trainers_recomputation(models, strategy):
     engine = RolloutEngine(target, EngineConfig(max_batch=6, max_len=48), drafter)
     params = SamplingParams(temperature=0.8, max_tokens=16, n=2)
     rollouts = engine.generate([Request(p, params) for p in PROMPTS[:3]], strategy).rollouts
-    sequences, lengths, mask, old = _pack(rollouts, "cpu")  # as the trainer packs them
+    micro = pack_micro_batch(rollouts, list(range(len(rollouts))), "cpu")  # as the trainer does
     with torch.no_grad():
-        new = response_logprobs(target, sequences, lengths, mask, temperature=0.8)
-    assert float((new - old).abs().max()) < 1e-4
+        new = response_logprobs(target, micro.sequences, micro.prompt_lengths, micro.mask,
+                                temperature=0.8)
+    assert float((new - micro.rollout_logprobs).abs().max()) < 1e-4
 
 
 # Old log-probs: "rollout" divides by the engine's, "recompute" by the trainer's own pass before
@@ -91,12 +93,12 @@ def distinct_tokens(prompt: str, response: str, reference: str) -> float:
 
 def spied_step(monkeypatch, dtype: torch.dtype, old_logprobs: str, minibatch_size: int = 4):
     """One GRPO step of the tiny target in `dtype` on 2 prompts x 2 samples (one micro-batch per
-    mini-batch), and what the trainer did: ("pack", _pack's output) and ("loss", ppo_clip_loss's
+    mini-batch), and what the trainer did: ("pack", the packed micro-batch) and ("loss", ppo_clip_loss's
     logp, old, advantages, mask) in call order, the metrics, and the policy as it rolled out."""
     events = []
 
-    def pack(rollouts, device):
-        out = _pack(rollouts, device)  # the driver's own, imported before the patch
+    def pack(rollouts, rows, device):
+        out = pack_micro_batch(rollouts, rows, device)
         events.append(("pack", out))
         return out
 
@@ -104,7 +106,7 @@ def spied_step(monkeypatch, dtype: torch.dtype, old_logprobs: str, minibatch_siz
         events.append(("loss", (logp.detach(), old, advantages, weights)))
         return ppo_clip_loss(logp, old, advantages, weights, **options)
 
-    monkeypatch.setattr(driver_module, "_pack", pack)
+    monkeypatch.setattr(driver_module, "pack_micro_batch", pack)
     monkeypatch.setattr(driver_module, "ppo_clip_loss", loss)
     policy = tiny_target(sharpen=2.0).to(dtype)
     prompts = [Prompt(str(p), tuple(p), "") for p in PROMPTS[:4]]
@@ -137,7 +139,8 @@ def loss_calls(events):
 def test_first_ratio_is_one_when_recomputed_and_the_gap_is_the_engines(monkeypatch, dtype,
                                                                       old_logprobs, recomputes):
     events, metrics, _ = spied_step(monkeypatch, dtype, old_logprobs)
-    [((_, _, mask, engine_logp), (logp, old, advantages, weights))] = loss_calls(events)
+    [(micro, (logp, old, advantages, weights))] = loss_calls(events)
+    mask, engine_logp = micro.mask, micro.rollout_logprobs
     assert advantages.abs().max() > 0  # the loss below has something to weigh
     torch.testing.assert_close(weights, mask / mask.sum())  # token-mean: 1 / #tokens each
     if recomputes:
@@ -162,9 +165,10 @@ def test_recomputed_old_logprobs_are_the_pre_update_policys_in_every_minibatch(m
     events, _, before = spied_step(monkeypatch, torch.bfloat16, "recompute", minibatch_size=2)
     calls = loss_calls(events)
     assert len(calls) == 2
-    for (sequences, lengths, mask, _), (logp, old, _, _) in calls:
+    for micro, (logp, old, _, _) in calls:
         with torch.no_grad():
-            expected = response_logprobs(before, sequences, lengths, mask)
+            expected = response_logprobs(before, micro.sequences, micro.prompt_lengths,
+                                         micro.mask)
         assert torch.equal(old, expected)
     second_logp, second_old = calls[1][1][:2]
     assert not torch.equal(second_logp, second_old)  # the first update moved the policy

@@ -100,17 +100,17 @@ def test_a_step_that_never_fills_trains_on_what_it_kept(monkeypatch):
 
 def test_mask_truncated_completions_zeroes_exactly_the_truncated_responses(monkeypatch):
     calls = []
-    pack, loss = driver_module._pack, driver_module.ppo_clip_loss
+    pack, loss = driver_module.pack_micro_batch, driver_module.ppo_clip_loss
 
-    def spy_pack(rollouts, device):
-        calls.append(("pack", [r.finish_reason for r in rollouts]))
-        return pack(rollouts, device)
+    def spy_pack(rollouts, rows, device):
+        calls.append(("pack", [rollouts[j].finish_reason for j in rows]))
+        return pack(rollouts, rows, device)
 
     def spy_loss(logp, old, advantages, weights, **options):
         calls.append(("loss", weights))
         return loss(logp, old, advantages, weights, **options)
 
-    monkeypatch.setattr(driver_module, "_pack", spy_pack)
+    monkeypatch.setattr(driver_module, "pack_micro_batch", spy_pack)
     monkeypatch.setattr(driver_module, "ppo_clip_loss", spy_loss)
     # stop at token 5: some responses end, the rest run into max_new_tokens
     driver = make(small(mask_truncated_completions=True, minibatch_size=16), stop_ids=(5,))

@@ -70,11 +70,13 @@ from tlt_core.rl.advantages import (REWARD_SCALINGS, gae, group_advantages, over
 from tlt_core.rl.checkpoint_io import read_state, write_checkpoint
 from tlt_core.rl.critic import ValueModel, response_values
 from tlt_core.rl.evaluation import PASS_AT_K, evaluation_metrics
-from tlt_core.rl.losses import (KL_ESTIMATORS, LOSS_AGG_MODES, kl_estimate, ppo_clip_loss,
-                                response_logprobs, token_weights, value_loss)
+from tlt_core.rl.losses import (KL_ESTIMATORS, LOSS_AGG_MODES, LossParts, kl_estimate,
+                                ppo_clip_loss, response_logprobs, value_loss)
 from tlt_core.rl.master_weights import MasterWeightAdamW
 from tlt_core.rl.rewards import RewardFn, score_all
 from tlt_core.rl.schedule import LR_SCHEDULERS, lr_multiplier
+from tlt_core.rl.update import (BeforeUpdate, MicroBatch, UpdatePlan, UpdateTotals, ValueParts,
+                                micro_batch_weights, pack_micro_batch, plan_update)
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.harvest import HarvestBuffer
 from tlt_core.workers.refresh import refresh
@@ -430,154 +432,158 @@ class RLDriver:
         if not rollouts:  # dynamic sampling kept no group: nothing to learn from
             return _no_update(self.critic is not None)
         device = next(self.policy.parameters()).device
-        # Mini-batches of similar lengths (little padding: the long tail's sequences would
-        # otherwise pad every mini-batch they land in), taken in a seeded random order.
-        by_length = sorted(range(len(rollouts)), key=lambda j: (len(rollouts[j].tokens), j))
-        batches = [by_length[first:first + config.minibatch_size]
-                   for first in range(0, len(by_length), config.minibatch_size)]
-        random.Random(f"{config.seed}/{self.state.step}/minibatches").shuffle(batches)
-        # Every rank's micro-batches of each mini-batch (rank r takes the sequences j with
-        # j mod world == r; each rank can work out all the shares: they all hold every rollout)
-        shares = [[_micro_batches(rollouts, batch[rank::group.world_size],
-                                  config.micro_batch_tokens) for rank in range(group.world_size)]
-                  for batch in batches]
-        micros_of = {number: share[group.rank] for number, share in enumerate(shares)}
-        counts_of = {number: max(map(len, share)) for number, share in enumerate(shares)}
-        counted = [not (config.mask_truncated_completions and r.finish_reason == "length")
-                   for r in rollouts]
-        before = self._before_update(rollouts, micros_of, device)
-        mine = sorted(j for micros in micros_of.values() for micro in micros for j in micro)
-        advantages, returns, value_stats = self._advantages(rollouts, scores, before, mine)
-        model = self._ddp if self._ddp is not None else self.policy
-        critic = self._critic_ddp if self._critic_ddp is not None else self.critic
-        kl_in_loss = self.reference is not None and config.kl_placement == "loss"
-        self.policy.train()
-        if self.critic is not None:
-            self.critic.train()
-        sums, gaps, norms = [], [], []  # sums: per mini-batch (loss, value loss), then totals
-        totals = torch.zeros(4, dtype=torch.float64)  # kl, clipped, tokens, value-clipped
+        plan = plan_update(rollouts, minibatch_size=config.minibatch_size,
+                           micro_batch_tokens=config.micro_batch_tokens,
+                           mask_truncated=config.mask_truncated_completions, seed=config.seed,
+                           step=self.state.step, rank=group.rank, world=group.world_size)
+        before = self._before_update(rollouts, plan, device)
+        advantages, returns, value_stats = self._advantages(rollouts, scores, before, plan.mine)
+        self._train(True)
+        totals = UpdateTotals()
         for epoch in range(config.ppo_epochs):
-            for number, batch in enumerate(batches):
-                in_loss = [j for j in batch if counted[j]]
-                if not in_loss:  # every sequence masked: no optimizer step
-                    continue
-                batch_tokens = sum(len(rollouts[j].tokens) for j in in_loss)
-                micros = micros_of[number]
-                self.optimizer.zero_grad()
-                if self.critic_optimizer is not None:
-                    self.critic_optimizer.zero_grad()
-                # Every rank runs the same number of passes through each DDP model, whatever
-                # its share (DDP's reductions and bucket rebuilds are collectives): a rank with
-                # fewer micro-batches first runs zero-gradient ones on a sequence of the batch.
-                padding = counts_of[number] - len(micros)
-                for index in range(padding):
-                    with _sync_unless(self._ddp, index == counts_of[number] - 1), \
-                            _sync_unless(self._critic_ddp, index == counts_of[number] - 1):
-                        self._zero_gradient_pass(rollouts[batch[0]], device)
-                batch_sums = [0.0, 0.0]
-                for index, micro in enumerate(micros, start=padding):
-                    seqs, lengths, mask, engine_logp = _pack([rollouts[j] for j in micro], device)
-                    T = mask.shape[1]
-                    weights = token_weights(
-                        mask * torch.tensor([counted[j] for j in micro], device=device)[:, None],
-                        config.loss_agg_mode, batch_tokens=batch_tokens,
-                        batch_sequences=len(in_loss), max_new_tokens=config.max_new_tokens)
-                    old = _pad([before["old"][j] for j in micro], T, device) \
-                        if "old" in before else engine_logp
-                    ref = _pad([before["ref"][j] for j in micro], T, device) \
-                        if kl_in_loss else None
-                    # DDP reduces the gradients once per mini-batch, at its last pass
-                    last = index == counts_of[number] - 1
-                    with _sync_unless(self._ddp, last):
-                        logp = response_logprobs(model, seqs, lengths, mask, config.temperature)
-                        if epoch == 0 and number == 0:  # before any update: the rollout's policy
-                            gaps.append(float(((logp.detach() - engine_logp) * mask).abs().max()))
-                        part = ppo_clip_loss(
-                            logp, old, _pad([advantages[j] for j in micro], T, device), weights,
-                            epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
-                            ref_logp=ref, kl_coef=config.kl_coef if kl_in_loss else 0.0,
-                            kl_estimator=config.kl_estimator)
-                        # DDP averages over ranks; the weights already share the mini-batch out
-                        (part.loss * group.world_size).backward()
-                    batch_sums[0] += part.policy_loss
-                    totals[:3] += torch.tensor([part.kl_sum, part.clipped_tokens, part.tokens],
-                                               dtype=torch.float64)
-                    if self.critic is not None:
-                        with _sync_unless(self._critic_ddp, last):
-                            values = response_values(critic, seqs, lengths, mask)
-                            loss, clipped = value_loss(
-                                values, _pad([before["values"][j] for j in micro], T, device),
-                                _pad([returns[j] for j in micro], T, device), weights,
-                                config.cliprange_value)
-                            (loss * group.world_size).backward()
-                        batch_sums[1] += float(loss.detach())
-                        totals[3] += clipped
-                norms.append(self.optimizer.clip_and_step(config.max_grad_norm))
-                if self.critic_optimizer is not None:
-                    self.critic_optimizer.clip_and_step(config.max_grad_norm)
-                sums.append(batch_sums)
-        self.policy.eval()
+            for number in range(len(plan.minibatches)):
+                self._minibatch_step(rollouts, plan, number, before, advantages, returns,
+                                     totals, device, measure_gap=epoch == 0 and number == 0)
+        self._train(False)
+        return self._loss_metrics(totals.reduced(group), value_stats)
+
+    def _train(self, mode: bool) -> None:
+        self.policy.train(mode)
         if self.critic is not None:
-            self.critic.eval()
-        # one reduction for every rank's shares: per-mini-batch losses, then the totals
-        reduced = group.all_reduce_sum(torch.cat([torch.tensor(sums, dtype=torch.float64)
-                                                  .reshape(-1), totals]))
-        per_batch = reduced[:-4].view(-1, 2) if sums else torch.zeros(1, 2, dtype=torch.float64)
-        kl_sum, clipped, tokens, value_clipped = reduced[-4:].tolist()
-        out = {"loss": float(per_batch[:, 0].mean()),
-               "kl": kl_sum / tokens if tokens and kl_in_loss else 0.0,
-               "clip_fraction": clipped / tokens if tokens else 0.0,
-               "grad_norm": max(norms, default=0.0),
-               "logprob_gap": max(gaps) if gaps else 0.0}
+            self.critic.train(mode)
+
+    def _minibatch_step(self, rollouts, plan: UpdatePlan, number: int, before: BeforeUpdate,
+                        advantages: dict[int, torch.Tensor], returns: dict[int, torch.Tensor],
+                        totals: UpdateTotals, device, *, measure_gap: bool) -> None:
+        """One optimizer step (policy, and critic with PPO) on mini-batch `number`: this rank's
+        micro-batches accumulate their gradients, DDP reduces them at the last pass."""
+        config, batch = self.config, plan.minibatches[number]
+        in_loss = [j for j in batch if plan.counted[j]]
+        if not in_loss:  # every sequence masked: no optimizer step
+            return
+        batch_tokens = sum(len(rollouts[j].tokens) for j in in_loss)
+        self.optimizer.zero_grad()
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad()
+        # A rank with fewer micro-batches than another first runs zero-gradient passes on a
+        # sequence of the batch, so every rank makes the same DDP calls.
+        micros, passes = plan.micro_batches[number], plan.passes[number]
+        padding = passes - len(micros)
+        for index in range(padding):
+            with _sync_unless(self._ddp, index == passes - 1), \
+                    _sync_unless(self._critic_ddp, index == passes - 1):
+                self._zero_gradient_pass(rollouts, batch[0], device)
+        totals.start_minibatch()
+        for index, rows in enumerate(micros, start=padding):
+            micro = pack_micro_batch(rollouts, rows, device)
+            weights = micro_batch_weights(micro, plan, mode=config.loss_agg_mode,
+                                          batch_tokens=batch_tokens,
+                                          batch_sequences=len(in_loss),
+                                          max_new_tokens=config.max_new_tokens)
+            last = index == passes - 1
+            totals.add_policy(self._policy_pass(micro, weights, before, advantages, last,
+                                                totals.logprob_gaps if measure_gap else None))
+            if self.critic is not None:
+                totals.add_value(self._critic_pass(micro, weights, before, returns, last))
+        totals.grad_norms.append(self.optimizer.clip_and_step(config.max_grad_norm))
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.clip_and_step(config.max_grad_norm)
+
+    def _policy_pass(self, micro: MicroBatch, weights: torch.Tensor, before: BeforeUpdate,
+                     advantages: dict[int, torch.Tensor], last: bool,
+                     gaps: list[float] | None) -> LossParts:
+        """The clipped-surrogate loss of one micro-batch, backpropagated (DDP reduces at the
+        mini-batch's `last` pass). `gaps`, when given, gets the largest |trainer - engine|
+        log-prob of a token: before any update, the rollout's own policy."""
+        config = self.config
+        model = self._ddp if self._ddp is not None else self.policy
+        kl_in_loss = self.reference is not None and config.kl_placement == "loss"
+        old = micro.padded(before.old) if before.old is not None else micro.rollout_logprobs
+        with _sync_unless(self._ddp, last):
+            logp = response_logprobs(model, micro.sequences, micro.prompt_lengths, micro.mask,
+                                     config.temperature)  # (B, T)
+            if gaps is not None:
+                gaps.append(float(((logp.detach() - micro.rollout_logprobs) * micro.mask)
+                                  .abs().max()))
+            part = ppo_clip_loss(
+                logp, old, micro.padded(advantages), weights,
+                epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
+                ref_logp=micro.padded(before.ref) if kl_in_loss else None,
+                kl_coef=config.kl_coef if kl_in_loss else 0.0, kl_estimator=config.kl_estimator)
+            # DDP averages over ranks; the weights already share the mini-batch out
+            (part.loss * self.group.world_size).backward()
+        return part
+
+    def _critic_pass(self, micro: MicroBatch, weights: torch.Tensor, before: BeforeUpdate,
+                     returns: dict[int, torch.Tensor], last: bool) -> ValueParts:
+        """PPO's clipped value loss of one micro-batch, backpropagated into the critic."""
+        critic = self._critic_ddp if self._critic_ddp is not None else self.critic
+        with _sync_unless(self._critic_ddp, last):
+            values = response_values(critic, micro.sequences, micro.prompt_lengths, micro.mask)
+            loss, clipped = value_loss(values, micro.padded(before.values),
+                                       micro.padded(returns), weights,
+                                       self.config.cliprange_value)
+            (loss * self.group.world_size).backward()
+        return ValueParts(loss, clipped)
+
+    def _loss_metrics(self, totals: UpdateTotals, value_stats: dict) -> dict:
+        """The update's loss metrics from the totals over all ranks."""
+        config, tokens = self.config, totals.tokens
+        kl_in_loss = self.reference is not None and config.kl_placement == "loss"
+        trained = len(totals.policy_losses)
+        out = {"loss": sum(totals.policy_losses) / trained if trained else 0.0,
+               "kl": totals.kl_sum / tokens if tokens and kl_in_loss else 0.0,
+               "clip_fraction": totals.clipped_tokens / tokens if tokens else 0.0,
+               "grad_norm": max(totals.grad_norms, default=0.0),
+               "logprob_gap": max(totals.logprob_gaps, default=0.0)}
         if self.critic is not None:
-            out.update(value_loss=float(per_batch[:, 1].mean()),
-                       value_clip_fraction=value_clipped / tokens if tokens else 0.0,
-                       **value_stats)
+            out.update(value_loss=sum(totals.value_losses) / trained if trained else 0.0,
+                       value_clip_fraction=(totals.value_clipped_tokens / tokens
+                                            if tokens else 0.0), **value_stats)
         else:
             out.update(value_loss=None, value_clip_fraction=None, explained_variance=None)
         if self.reference is not None and config.kl_placement == "reward":
             out["kl"] = value_stats.get("kl_in_reward", 0.0)
         return out
 
-    def _zero_gradient_pass(self, rollout, device) -> None:
+    def _zero_gradient_pass(self, rollouts, row: int, device) -> None:
         """A forward and backward through the policy (and the critic) that adds nothing to the
         gradients: a rank's stand-in for a micro-batch it does not have."""
-        seqs, lengths, mask, _ = _pack([rollout], device)
+        micro = pack_micro_batch(rollouts, [row], device)
+        inputs = (micro.sequences, micro.prompt_lengths, micro.mask)
         model = self._ddp if self._ddp is not None else self.policy
-        (0.0 * response_logprobs(model, seqs, lengths, mask)).sum().backward()
+        (0.0 * response_logprobs(model, *inputs)).sum().backward()
         if self.critic is not None:
             critic = self._critic_ddp if self._critic_ddp is not None else self.critic
-            (0.0 * response_values(critic, seqs, lengths, mask)).sum().backward()
+            (0.0 * response_values(critic, *inputs)).sum().backward()
 
-    def _before_update(self, rollouts, micros_of: dict[int, list[list[int]]], device
-                       ) -> dict[str, dict[int, torch.Tensor]]:
-        """This rank's rollouts' per-token numbers before any update, keyed by rollout index:
-        "old" (the policy's own log-probs, when PPO's old log-probs are recomputed), "ref" (the
-        reference's, with a KL) and "values" (the critic's, with PPO)."""
+    def _before_update(self, rollouts, plan: UpdatePlan, device) -> BeforeUpdate:
+        """This rank's rollouts' per-token numbers before any update: the policy's own
+        log-probs (when PPO's old log-probs are recomputed), the reference's (with a KL) and
+        the critic's values (with PPO)."""
         config = self.config
         recompute = config.old_logprobs == "recompute" or (
             config.old_logprobs == "auto" and self.optimizer.mixed)
-        out = {name: {} for name, wanted in (("old", recompute),
-                                             ("ref", self.reference is not None),
-                                             ("values", self.critic is not None)) if wanted}
+        old = {} if recompute else None
+        ref = {} if self.reference is not None else None
+        values = {} if self.critic is not None else None
         self.policy.eval()
         with torch.no_grad():
-            for micros in micros_of.values():
-                for micro in micros:
-                    seqs, lengths, mask, _ = _pack([rollouts[j] for j in micro], device)
-                    passes = {"old": lambda: response_logprobs(self.policy, seqs, lengths, mask,
-                                                               config.temperature),
-                              "ref": lambda: response_logprobs(self.reference, seqs, lengths,
-                                                               mask, config.temperature),
-                              "values": lambda: response_values(self.critic, seqs, lengths,
-                                                                mask)}
-                    for name in out:
-                        result = passes[name]().cpu()
-                        for row, j in enumerate(micro):
-                            out[name][j] = result[row, :len(rollouts[j].tokens)]
-        return out
+            for rows in (rows for micros in plan.micro_batches for rows in micros):
+                micro = pack_micro_batch(rollouts, rows, device)
+                inputs = (micro.sequences, micro.prompt_lengths, micro.mask)
+                for out, compute in (
+                        (old, lambda: response_logprobs(self.policy, *inputs, config.temperature)),
+                        (ref, lambda: response_logprobs(self.reference, *inputs,
+                                                        config.temperature)),
+                        (values, lambda: response_values(self.critic, *inputs))):
+                    if out is not None:
+                        result = compute().cpu()  # (B, T)
+                        for b, j in enumerate(rows):
+                            out[j] = result[b, :len(rollouts[j].tokens)]
+        return BeforeUpdate(old, ref, values)
 
-    def _advantages(self, rollouts, scores: torch.Tensor, before: dict, mine: list[int]
+    def _advantages(self, rollouts, scores: torch.Tensor, before: BeforeUpdate, mine: list[int]
                     ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], dict]:
         """Per-token advantages and (PPO) returns of this rank's rollouts `mine`, keyed by
         rollout index, and the statistics they give (explained variance; the in-reward KL)."""
@@ -591,10 +597,9 @@ class RLDriver:
         token_kl = {}
         stats = {}
         if self.reference is not None and config.kl_placement == "reward":
-            logp = before.get("old")
             for j in mine:
-                own = logp[j] if logp is not None else rollouts[j].logprobs
-                token_kl[j] = kl_estimate(own, before["ref"][j], config.kl_estimator)
+                own = before.old[j] if before.old is not None else rollouts[j].logprobs
+                token_kl[j] = kl_estimate(own, before.ref[j], config.kl_estimator)
             kl_sums = torch.zeros(len(rollouts) + 1, dtype=torch.float64)
             for j in mine:
                 kl_sums[j] = float(token_kl[j].sum())
@@ -618,7 +623,7 @@ class RLDriver:
             token_rewards[-1] = rewards[j]
             if token_kl:
                 token_rewards -= config.kl_coef * token_kl[j].float()
-            values = before["values"][j]
+            values = before.values[j]
             advantages[j], returns[j] = gae(token_rewards, values, config.gamma, config.lam)
             a, r = advantages[j].double(), returns[j].double()
             moments += torch.stack([torch.tensor(float(T), dtype=torch.float64), a.sum(),
@@ -791,42 +796,3 @@ def _joined_traces(rounds: list[WorkerRound]) -> tuple[list[float], list[int]]:
         running += list(r.trace_running)
         offset += r.makespan_s
     return times, running
-
-
-def _pad(rows: list[torch.Tensor], width: int, device) -> torch.Tensor:
-    """Per-sequence (T_i,) tensors as one right-padded (B, width) float tensor on device."""
-    out = torch.zeros(len(rows), width)
-    for b, row in enumerate(rows):
-        out[b, :len(row)] = row
-    return out.to(device)
-
-
-def _micro_batches(rollouts, indices: list[int], budget: int) -> list[list[int]]:
-    """`indices` (into rollouts) split into consecutive groups in order of total length, each at
-    most `budget` padded tokens (a longer sequence goes alone)."""
-    order = sorted(indices, key=lambda i: len(rollouts[i].prompt_ids) + len(rollouts[i].tokens))
-    micros, current, width = [], [], 0
-    for i in order:
-        length = len(rollouts[i].prompt_ids) + len(rollouts[i].tokens)
-        if current and (len(current) + 1) * max(width, length) > budget:
-            micros.append(current)
-            current, width = [], 0
-        current.append(i)
-        width = max(width, length)
-    return micros + [current] if current else micros
-
-
-def _pack(rollouts, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sequences (B, L), prompt lengths (B,), response mask (B, T), rollout log-probs (B, T))."""
-    B = len(rollouts)
-    width = max(len(r.prompt_ids) + len(r.tokens) for r in rollouts)
-    T = max(len(r.tokens) for r in rollouts)
-    sequences = torch.zeros(B, width, dtype=torch.int64)
-    mask, old = torch.zeros(B, T), torch.zeros(B, T)
-    for b, r in enumerate(rollouts):
-        sequence = list(r.prompt_ids) + r.tokens.tolist()
-        sequences[b, :len(sequence)] = torch.tensor(sequence)
-        mask[b, :len(r.tokens)] = 1
-        old[b, :len(r.tokens)] = r.logprobs
-    lengths = torch.tensor([len(r.prompt_ids) for r in rollouts])
-    return sequences.to(device), lengths.to(device), mask.to(device), old.to(device)
