@@ -483,7 +483,7 @@ def verify_tree_greedy(logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     """
     n = _check_verify_inputs(logits, tokens, parents, num_nodes)  # [B]
     B, N, V = logits.shape
-    accept_index, num_accepted, emitted_tokens, emitted_logprobs = _empty_outputs(B, N)
+    outputs = VerifyOutput(*_empty_outputs(B, N))
     for b in range(B):
         nb = int(n[b])
         path = [0]
@@ -500,13 +500,19 @@ def verify_tree_greedy(logits: torch.Tensor, tokens: torch.Tensor, parents: torc
                 break
             path.append(nxt)
             v = nxt
-        for j, node in enumerate(path):
-            accept_index[b, j] = node
-        num_accepted[b] = len(path) - 1
-        for j, (x, lpx) in enumerate(emitted):
-            emitted_tokens[b, j] = x
-            emitted_logprobs[b, j] = lpx
-    return VerifyOutput(accept_index, num_accepted, emitted_tokens, emitted_logprobs)
+        _write_row(outputs, b, path, emitted)
+    return outputs
+
+
+def _write_row(outputs: VerifyOutput, b: int, path: list[int], emitted: list) -> None:
+    """Row b of the verify outputs: the accepted path's node indices and the emitted
+    (token, log-prob) pairs."""
+    for j, node in enumerate(path):
+        outputs.accept_index[b, j] = node
+    outputs.num_accepted[b] = len(path) - 1
+    for j, (x, logprob) in enumerate(emitted):
+        outputs.emitted_tokens[b, j] = x
+        outputs.emitted_logprobs[b, j] = logprob
 
 
 ResidualFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -533,6 +539,47 @@ def _check_q_row(q: torch.Tensor, b: int, v: int) -> None:
         raise ValueError(f"row {b}: draft_probs[{b}, {v}] has negative or non-finite entries")
     if abs(float(q.double().sum()) - 1.0) > 1e-3:
         raise ValueError(f"row {b}: draft_probs[{b}, {v}] does not sum to 1 (1e-3)")
+
+
+def _first_accepted_child(w: torch.Tensor, S: torch.Tensor, q: Optional[torch.Tensor],
+                          children: list, tokens_row: torch.Tensor, uniforms: torch.Tensor,
+                          b: int, v: int, residual: ResidualFn):
+    """The children of node v tried in sibling order against (w [V], S []): the first accepted
+    child (None if none is) and the (w, S) left after the rejections. q [V] is q_draft at v, or
+    None for a deterministic draft."""
+    w, S = w.clone(), S.clone()
+    if q is not None and children:
+        _check_q_row(q, b, v)
+    for c in children:
+        x = int(tokens_row[c])
+        u = _uniform(uniforms, b, c)  # [] float32
+        if q is None:
+            if bool(u * S < w[x]):
+                return c, w, S
+            S = S - w[x]
+            w[x] = 0.0
+        else:
+            if bool((u * q[x]) * S < w[x]):
+                return c, w, S
+            w_new = residual(w.clone(), q, S.clone()).to(torch.float32)  # [V]
+            S_new = _sum32(w_new)  # []
+            if bool(S_new != 0):
+                w, S = w_new, S_new
+    return None, w, S
+
+
+def _final_token(w: torch.Tensor, S: torch.Tensor, w_fresh: torch.Tensor, u0: torch.Tensor
+                 ) -> int:
+    """The token drawn when no child is accepted: with t = u0 * S, the smallest x with
+    w(x) > 0 whose running sum exceeds t, else the largest x with w(x) > 0; argmax of the
+    fresh w (lowest id) when w is all zero."""
+    positive = w > 0  # [V]
+    if not bool(positive.any()):
+        return int(_argmax_lowest(w_fresh))
+    t = u0 * S  # [] float32
+    running = torch.cumsum(w.double(), dim=0).float()  # [V] running sums
+    hit = torch.nonzero(positive & (running > t)).flatten()
+    return int(hit[0]) if hit.numel() > 0 else int(torch.nonzero(positive).flatten()[-1])
 
 
 def verify_tree_sampling(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
@@ -575,69 +622,27 @@ def verify_tree_sampling(logits: torch.Tensor, tokens: torch.Tensor, parents: to
     temp = _row_param(temperature, B, torch.float32, "temperature")  # [B]
     topk = _row_param(top_k, B, torch.int64, "top_k")  # [B]
     topp = _row_param(top_p, B, torch.float32, "top_p")  # [B]
-    accept_index, num_accepted, emitted_tokens, emitted_logprobs = _empty_outputs(B, N)
-
+    outputs = VerifyOutput(*_empty_outputs(B, N))
     for b in range(B):
-        nb = int(n[b])
-        path = [0]
-        emitted: list = []
-        v = 0
+        path, emitted, v = [0], [], 0
         while True:
             l = logits[b, v].to(torch.float32)  # [V]
             _check_logits(l, f"row {b} node {v}")
             w_fresh, S_fresh, lp = _node_distribution(l, temp[b], topk[b], topp[b])  # [V], [], [V]
-            w = w_fresh.clone()  # [V]
-            S = S_fresh.clone()  # [] float32
-            accepted = None
-            q = None
-            for c in _children(parents[b], nb, v):
-                x = int(tokens[b, c])
-                u = _uniform(uniforms, b, c)  # [] float32
-                if draft_probs is None:
-                    if bool(u * S < w[x]):
-                        accepted = c
-                        break
-                    S = S - w[x]
-                    w[x] = 0.0
-                else:
-                    if q is None:
-                        q = draft_probs[b, v]  # [V] q_draft at v
-                        _check_q_row(q, b, v)
-                    if bool((u * q[x]) * S < w[x]):
-                        accepted = c
-                        break
-                    w_new = res_fn(w.clone(), q, S.clone()).to(torch.float32)  # [V]
-                    S_new = _sum32(w_new)  # []
-                    if bool(S_new != 0):
-                        w, S = w_new, S_new
-            if accepted is not None:
-                x = int(tokens[b, accepted])
+            q = draft_probs[b, v] if draft_probs is not None else None  # [V] q_draft at v
+            accepted, w, S = _first_accepted_child(
+                w_fresh, S_fresh, q, _children(parents[b], int(n[b]), v), tokens[b], uniforms,
+                b, v, res_fn)
+            if accepted is None:
+                x = _final_token(w, S, w_fresh, _uniform(uniforms, b, 0))
                 emitted.append((x, float(lp[x])))
-                path.append(accepted)
-                v = accepted
-                continue
-            # final token from w / S with u[b, 0]
-            positive = w > 0  # [V]
-            if not bool(positive.any()):
-                x = int(_argmax_lowest(w_fresh))
-            else:
-                u0 = _uniform(uniforms, b, 0)
-                t = u0 * S  # [] float32
-                running = torch.cumsum(w.double(), dim=0).float()  # [V] running sums
-                hit = torch.nonzero(positive & (running > t)).flatten()
-                if hit.numel() > 0:
-                    x = int(hit[0])
-                else:
-                    x = int(torch.nonzero(positive).flatten()[-1])
+                break
+            x = int(tokens[b, accepted])
             emitted.append((x, float(lp[x])))
-            break
-        for j, node in enumerate(path):
-            accept_index[b, j] = node
-        num_accepted[b] = len(path) - 1
-        for j, (x, lpx) in enumerate(emitted):
-            emitted_tokens[b, j] = x
-            emitted_logprobs[b, j] = lpx
-    return VerifyOutput(accept_index, num_accepted, emitted_tokens, emitted_logprobs)
+            path.append(accepted)
+            v = accepted
+        _write_row(outputs, b, path, emitted)
+    return outputs
 
 
 # ---------------------------------------------------------------------------------------
