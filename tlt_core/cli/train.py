@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_arguments,
                                         placement_from_args)
+from tlt_core.cli.local_ranks import run_local_ranks, under_a_launcher
 from tlt_core.cli.options import add_dataclass_arguments, dataclass_from_args
 from tlt_core.cli.run_folder import (BASELINE_DIR, CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR,
                                      RunFolderError, clear_run, hold_run_folder, resume_point)
@@ -194,10 +195,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the wandb run's name (default: the --out folder's name); "
                              "--compare's baseline is NAME-baseline, both in the group NAME")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--nproc", type=int, metavar="N",
+                        help="local ranks (processes, gloo) to start: ranks that finish their "
+                             "share of a rollout train the drafter while the others decode the "
+                             "tail. Default: 2 for the embedded task on a machine with 2 or "
+                             "more cores, else 1; ignored under torchrun, whose ranks count")
 
 
 def run_train(args: argparse.Namespace) -> int:
     config = dataclass_from_args(TrainConfig, args, _HELP, "tlt train")
+    nproc = args.nproc if args.nproc is not None else (
+        min(2, len(os.sched_getaffinity(0))) if args.model is None else 1)
+    if nproc < 1:
+        raise SystemExit(f"tlt train: --nproc: must be >= 1, got {nproc}")
+    if nproc > 1 and not under_a_launcher():
+        return run_local_ranks(nproc, run_train, args)
     tensorboard = _tensorboard_wanted(args.tensorboard)
     if args.eval_data is not None and args.model is None:
         raise SystemExit("tlt train: --eval-data goes with --model; the embedded task evaluates "
@@ -225,12 +237,13 @@ def run_train(args: argparse.Namespace) -> int:
         if args.device not in ("auto", "cpu") or args.dtype not in ("auto", "float32"):
             raise SystemExit("tlt train: the embedded task runs in float32 on the CPU; "
                              "--device / --dtype apply to --model")
-        print("tlt train: GRPO on the embedded task (countdown sums mod 100, worked step by "
-              "step, with heavy-tailed response lengths) and the embedded model (8 layers, "
-              "1.6M parameters), TLT " + ("on" if config.tlt else "off") + f"; {config.steps} "
-              "steps. Set-up first: load the model and drafter (shipped with the package), "
-              "then calibrate the adaptive loop's cost model (seconds).", file=sys.stderr,
-              flush=True)
+        if _rank() == 0:
+            print("tlt train: GRPO on the embedded task (countdown sums mod 100, worked step by "
+                  "step, with heavy-tailed response lengths) and the embedded model (8 layers, "
+                  "1.6M parameters), TLT " + ("on" if config.tlt else "off") + f"; "
+                  f"{config.steps} steps. Set-up first: load the model and drafter (shipped "
+                  "with the package), then calibrate the adaptive loop's cost model "
+                  "(seconds).", file=sys.stderr, flush=True)
         inputs = lambda: train_inputs(progress=not args.no_progress)  # noqa: E731
     if args.keep_checkpoints < 1:
         raise SystemExit(f"tlt train: --keep-checkpoints: must be >= 1, got "
@@ -331,7 +344,8 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
     # Without a Hugging Face tokenizer (the embedded model) the folders still name the ids that
     # end a response, so that transformers' generate stops where the rollouts did.
     token_ids = None if inputs.tokenizer is not None else SpecialTokenIds(eos=inputs.stop_ids)
-    bar = tqdm(total=config.steps, initial=driver.state.step, disable=args.no_progress,
+    bar = tqdm(total=config.steps, initial=driver.state.step,
+               disable=args.no_progress or not writing,
                desc=name, unit="step", file=sys.stderr)
     try:
         if writing and inputs.tokenizer is not None:  # lets `tlt export policy` rebuild a step
