@@ -64,7 +64,7 @@ def test_on_off_flags_and_lists(tmp_path):
     bench = tmp_path / "bench.toml"
     bench.write_text('batch = [1, 2]\nvocab = "100,200"\n')
     args = parse(["bench", "kernels", "--config", str(bench), "--nodes", "4"])
-    assert (args.batch, args.vocab, args.nodes) == ([1, 2], [100, 200], [4])
+    assert (args.batch, args.vocab, args.nodes) == ((1, 2), (100, 200), (4,))
     prompts = tmp_path / "generate.toml"
     prompts.write_text('prompt = ["a", "b"]\n')
     assert parse(["generate", "--config", str(prompts)]).prompt == ["a", "b"]

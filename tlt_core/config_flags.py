@@ -23,6 +23,7 @@ here and the command line (tlt_core.cli) uses the same functions.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Mapping
@@ -35,6 +36,12 @@ def flag_name(name: str, default: object = None) -> str:
     default."""
     dashed = name.replace("_", "-")
     return f"--no-{dashed}" if default is True else f"--{dashed}"
+
+
+def option(help: str, default: object = MISSING, **metadata):
+    """A config field with its flag's help beside it (and metavar, choices, parse or repeatable
+    where the default does not say them); no default: a required flag."""
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
 def int_list(text: str) -> tuple[int, ...]:
