@@ -64,7 +64,7 @@ def test_on_off_flags_and_lists(tmp_path):
     bench = tmp_path / "bench.toml"
     bench.write_text('batch = [1, 2]\nvocab = "100,200"\n')
     args = parse(["bench", "kernels", "--config", str(bench), "--nodes", "4"])
-    assert (args.batch, args.vocab, args.nodes) == ([1, 2], [100, 200], [4])
+    assert (args.batch, args.vocab, args.nodes) == ((1, 2), (100, 200), (4,))
     prompts = tmp_path / "generate.toml"
     prompts.write_text('prompt = ["a", "b"]\n')
     assert parse(["generate", "--config", str(prompts)]).prompt == ["a", "b"]
@@ -174,3 +174,28 @@ def test_export_is_wired():
 def test_every_leaf_has_a_runner():
     for path, parser in leaves():
         assert callable(parser.get_default("runner")), f"tlt {' '.join(path)}: no runner"
+
+
+def test_flag_help_is_read_beside_the_field_with_the_callers_table_as_fallback():
+    """tlt_core.config_flags: metadata help first, then the caller's table (how `tlt train`'s
+    TrainConfig still gets its help); a field with neither gets no flag; no default: required."""
+    from dataclasses import dataclass, field
+    from tlt_core.config_flags import add_dataclass_arguments, int_list, option
+
+    @dataclass(frozen=True)
+    class Options:
+        out: str = option("where it goes", metavar="DIR")
+        beside: int = option("help beside the field", 3)
+        tabled: float = 0.5
+        sizes: tuple[int, ...] = option("sizes", (1, 2), parse=int_list)
+        hidden: int = field(default=7)
+
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, Options, {"tabled": "help from the table"})
+    flags = parser._option_string_actions
+    assert "--hidden" not in flags and flags["--out"].required
+    assert flags["--beside"].help == "help beside the field (default: 3)"
+    assert flags["--tabled"].help == "help from the table (default: 0.5)"
+    assert flags["--sizes"].help == "sizes (default: 1,2)"
+    args = parser.parse_args(["--out", "x", "--sizes", "4,5"])
+    assert (args.out, args.beside, args.tabled, args.sizes) == ("x", 3, 0.5, (4, 5))

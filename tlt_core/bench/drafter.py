@@ -52,6 +52,7 @@ Shapes: B sequences, T positions.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import itertools
 import json
@@ -60,7 +61,7 @@ import os
 import random
 import tempfile
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -68,8 +69,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelWorkload
+from tlt_core.bench.model_workload import (EMBEDDED_LABEL, ModelOptions, ModelWorkload,
+                                           PerWorkload)
 from tlt_core.bench.speculative import embedded_requests
+from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.export import load_drafter
 from tlt_core.drafting.training import TOKEN_WEIGHT
 from tlt_core.drafting.tree import Strategy
@@ -133,11 +136,38 @@ MODEL_CONFIG = DrafterBenchConfig(rounds=4, requests=32, group_size=4, steps_per
                                   max_tokens=128)
 
 
-def bench_config(model: bool, **flags) -> DrafterBenchConfig:
-    """The embedded run's defaults (model False) or a checkpoint's, with the given flags over
-    them (None: not given)."""
-    base = MODEL_CONFIG if model else DrafterBenchConfig()
-    return replace(base, **{name: value for name, value in flags.items() if value is not None})
+# `tlt bench drafter`'s sizes: DEFAULTS.config(model, flags)
+DEFAULTS = PerWorkload(DrafterBenchConfig(), MODEL_CONFIG)
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    """`tlt bench drafter`: DrafterBenchConfig's sizes (None: the workload's) and the output."""
+    json: Path | None = option("write {rows: per round and rank, summary} as JSON", None,
+                               metavar="FILE")
+    rounds: int | None = option(DEFAULTS.help("evolving-target rounds", "rounds"), None)
+    world: int = option("rollout ranks (processes)", DEFAULTS.embedded.world)
+    requests: int | None = option(DEFAULTS.help("requests per round", "requests"), None)
+    group_size: int | None = option(DEFAULTS.help("samples per prompt (a GRPO group; a group "
+                                                  "stays on one rank)", "group_size"), None)
+    extra_steps: int = option("ceiling study: spot steps per rank added after each round, off "
+                              "the clock, as if the tail had left that much idle time",
+                              DEFAULTS.embedded.extra_steps)
+    steps_per_round: int | None = option(DEFAULTS.help("target fine-tuning steps between "
+                                                       "rounds (the drift)", "steps_per_round"),
+                                         None)
+    max_tokens: int | None = option("longest response (default: the embedded task's longest "
+                                    f"reference; with --model {MODEL_CONFIG.max_tokens})", None,
+                                    metavar="N")
+
+
+CLI_OPTIONS = (DrafterOptions, ModelOptions)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt bench drafter`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
 
 
 def drifted_solution(problem: Problem) -> Problem:

@@ -17,6 +17,7 @@ rooflines of a decoding step at that batch, from this machine's measured rates:
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -24,9 +25,36 @@ from pathlib import Path
 
 import torch
 
+from tlt_core.bench.model_workload import DEVICES, DTYPES
+from tlt_core.config_flags import add_dataclass_arguments, int_list, option
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import save_checkpoint
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """`tlt bench engine`: the model, batch sizes and lengths of the comparison."""
+    json: Path | None = option("write rows (batch, ours_tok_s, hf_tok_s, ratio, ...) as JSON",
+                               None, metavar="FILE")
+    model: Path | None = option("a local Hugging Face checkpoint folder; default: the "
+                                "pre-trained embedded model", None, metavar="PATH")
+    batch: tuple[int, ...] = option("batch sizes", (1, 8, 32, 64), parse=int_list,
+                                    metavar="B,...")
+    new_tokens: int = option("tokens generated per row", 128)
+    reps: int = option("timed runs per case, alternating ours and theirs (best kept)", 3)
+    dtype: str = option("weights' dtype of both sides (auto: as tlt generate chooses; the "
+                        "embedded model float32)", "auto", choices=DTYPES)
+    device: str = option("where both sides run", "cpu", choices=DEVICES)
+
+
+CLI_OPTIONS = (EngineOptions,)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt bench engine`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,18 @@ only the nodes its walk visits. With device="cuda" the fused kernel runs on the 
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 from tqdm import tqdm
 
 import tlt_core.ops as ops
+from tlt_core.config_flags import add_dataclass_arguments, int_list, option
 from tlt_core.ops import reference
 
 BATCHES = (1, 4, 16, 64)
@@ -50,6 +53,42 @@ class KernelCase:
 
 # V-independent ops: timed once per (B, N), reported with V = 0.
 TREE_OPS = ("select_tree", "tree_metadata", "compact_kv_")
+
+
+@dataclass(frozen=True)
+class KernelsOptions:
+    """`tlt bench kernels`: what is timed, where, against what."""
+    json: Path | None = option("write the result rows (op, B, N, V, fused_us, reference_us, "
+                               "speedup, mean_accepted, device, baseline) as a JSON list", None,
+                               metavar="FILE")
+    batch: tuple[int, ...] = option("batch sizes B, comma-separated", BATCHES, parse=int_list,
+                                    metavar="B,...")
+    nodes: tuple[int, ...] = option("tree sizes N, comma-separated", NODES, parse=int_list,
+                                    metavar="N,...")
+    vocab: tuple[int, ...] = option("vocabulary sizes V, comma-separated", VOCABS,
+                                    parse=int_list, metavar="V,...")
+    ops: str = option("kernels to time, comma-separated",
+                      ",".join(("verify_tree_sampling", "verify_tree_greedy") + TREE_OPS),
+                      metavar="OP,...")
+    reference_reps: int = option("timed runs of the (slow) reference per case; the median is "
+                                 "kept", 1)
+    quick: bool = option("a 1-minute smoke run: B in {1,4}, N in {8}, V in {32000}", False)
+    device: str = option("where the fused kernels run (the reference always runs on cpu)",
+                         "cpu", choices=("cpu", "cuda"))
+    baseline: str = option("what the fused kernel is compared with: the PyTorch reference, or "
+                           "(with --device cuda) our CPU kernel", "reference",
+                           choices=("reference", "cpu_fused"))
+    no_progress: bool = option("hide the progress bar", False)
+
+
+CLI_OPTIONS = (KernelsOptions,)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt bench kernels`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
+
 # KV cache of the compaction benchmark: a small model's (layers, 2, B, H_kv, T, head_dim).
 CACHE_LAYERS, CACHE_HEADS, CACHE_HEAD_DIM, CACHE_PREFIX = 8, 4, 64, 256
 

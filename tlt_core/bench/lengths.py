@@ -4,11 +4,32 @@ histogram. The long tail that speculative decoding has to tame, made visible."""
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
+from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.embedded.pretrain import sample_responses
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems, length_stats
 from tlt_core.model.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class LengthsOptions:
+    """`tlt task lengths`: how many problems, and the histogram."""
+    problems: int = option("reference problems to measure", 5000)
+    model_problems: int = option("problems the pre-trained model answers (0: skip the model)",
+                                 512)
+    plot: Path | None = option("write a histogram image", None, metavar="PNG")
+
+
+CLI_OPTIONS = (LengthsOptions,)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt task lengths`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
 
 
 def reference_lengths(num_problems: int, seed: int = 0) -> list[int]:

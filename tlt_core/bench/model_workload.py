@@ -13,11 +13,13 @@ Shapes: P prompts.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Generic, Mapping, TypeVar
 
 import torch
 
+from tlt_core.config_flags import option
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.export import load_drafter
 from tlt_core.engine.records import Request, SamplingParams
@@ -29,6 +31,49 @@ from tlt_core.rl.data import Example, load_prompts
 
 EMBEDDED_LABEL = "embedded (8 layers, 1.6M parameters)"
 DEFAULT_PROBLEMS_SEED = 1  # not tlt data arithmetic's default seed 0, the drafter's training set
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """--model/--drafter/--data/--dtype/--device: a benchmark on a local checkpoint instead of
+    the embedded model (load_model_workload)."""
+    model: Path | None = option("a local Hugging Face checkpoint folder (default: the embedded "
+                                "model)", None, metavar="DIR")
+    drafter: Path | None = option("the drafter for --model (tlt drafter train's folder, a tlt "
+                                  "export, or a published EAGLE / EAGLE-3 checkpoint)", None,
+                                  metavar="DIR")
+    data: Path | None = option("prompts for --model (default: the project's arithmetic word "
+                               "problems, seed 1) in its chat template", None, metavar="FILE")
+    dtype: str = option("--model's dtype (auto: as tlt generate chooses)", "auto",
+                        choices=DTYPES)
+    device: str = option("where --model runs", "auto", choices=DEVICES)
+
+
+ConfigT = TypeVar("ConfigT")
+
+
+@dataclass(frozen=True)
+class PerWorkload(Generic[ConfigT]):
+    """A benchmark config whose sizes depend on the workload: the embedded run's defaults and a
+    checkpoint's (--model). Its size flags default to None, "the workload's"."""
+    embedded: ConfigT
+    model: ConfigT
+
+    def help(self, what: str, name: str) -> str:
+        """A size flag's help, with both workloads' defaults of field `name`."""
+        return (f"{what} (default: {getattr(self.embedded, name)}; with --model "
+                f"{getattr(self.model, name)})")
+
+    def config(self, model: bool, values: Mapping[str, object]) -> ConfigT:
+        """The workload's config with `values` over it: those that name one of its fields and
+        are given (not None). Its own checks' ValueErrors ("field: ...") pass through."""
+        base = self.model if model else self.embedded
+        names = {f.name for f in fields(base)}
+        return replace(base, **{name: value for name, value in values.items()
+                                if name in names and value is not None})
 
 
 @dataclass

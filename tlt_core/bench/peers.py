@@ -31,13 +31,16 @@ The peers are optional benchmark dependencies, never installed by the core insta
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
+from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.architecture import EMBEDDED_MODEL_CONFIG
 from tlt_core.embedded.pretrain import PretrainConfig
@@ -49,6 +52,22 @@ from tlt_core.model.checkpoint import save_checkpoint
 from tlt_core.rl.driver import RLDriver, TrainConfig
 
 ASSISTANT_LAYERS = 2
+
+
+@dataclass(frozen=True)
+class PeersOptions:
+    """`tlt bench peers`: where the rows go."""
+    json: Path | None = option("write the rows here", None, metavar="FILE")
+    no_progress: bool = option("no progress bars", False)
+
+
+CLI_OPTIONS = (PeersOptions,)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt bench peers`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
 
 
 def assistant_model(progress: bool = True):

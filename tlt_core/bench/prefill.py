@@ -15,6 +15,7 @@ Seconds are the prefill's own.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import time
 from dataclasses import asdict, dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import load_checkpoint
@@ -29,6 +31,26 @@ from tlt_core.model.kv_cache import CacheShape, KVCache, cache_dtype
 from tlt_core.model.placement import peak_memory_bytes, reset_peak_memory
 
 VARIANTS = ("all_positions", "engine")
+
+
+@dataclass(frozen=True)
+class PrefillOptions:
+    """`tlt bench prefill`: the checkpoint and the prompts prefilled."""
+    model: Path = option("a local Hugging Face checkpoint folder", metavar="DIR")
+    prompts: int = option("prompts prefilled together", 64)
+    prompt_len: int = option("tokens per prompt", 512)
+    dtype: str = option("weights' dtype", "bfloat16", choices=("float32", "bfloat16", "float16"))
+    device: str = option("where it runs", "cpu", choices=("cpu", "cuda"))
+    json: Path | None = option("write the rows as JSON", None, metavar="FILE")
+
+
+CLI_OPTIONS = (PrefillOptions,)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt bench prefill`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,18 @@ every (bucket, plan) in one shared pool and in private pools, one graph per stra
 
 from __future__ import annotations
 
+import argparse
 import gc
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
-from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelWorkload
+from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions, ModelWorkload
+from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
@@ -47,6 +49,30 @@ from tlt_core.engine.records import (Request, SamplingParams, acceptance_by_posi
 
 MODES = ("off", "always", "adaptive", "adaptive_suffix")
 SUFFIX_PLANS = (SuffixMatch(8), SuffixMatch(16))
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """`tlt bench rollout`: rounds, the SD-always strategy and the outputs."""
+    json: Path | None = option("write rows and studies here", None, metavar="FILE")
+    plot: Path | None = option("plot the running batch over time per mode here", None,
+                               metavar="PNG")
+    rounds: int = option("measured rounds per mode (medians), after one unmeasured round", 3)
+    always: str | None = option("SD-always's strategy (default: the best of one rollout per "
+                                "adaptive plan)", None, metavar="D,K,N")
+    max_tokens: int = option("with --model: longest long-tail response", 1024, metavar="N")
+    sampled_drafts: bool = option("add sampled chains (each draft token drawn from the "
+                                  "drafter's distribution) to the adaptive modes' plans", False)
+    no_progress: bool = option("no progress bars", False)
+
+
+CLI_OPTIONS = (RolloutOptions, ModelOptions)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt bench rollout`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
 
 
 def workloads(samples: int = 8, prompts: int = 8, seed: int = 5) -> dict[str, list[Request]]:

@@ -31,11 +31,12 @@ measurement.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,7 +44,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tlt_core.adaptive.cost_model import calibrate
-from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelWorkload
+from tlt_core.bench.model_workload import (EMBEDDED_LABEL, ModelOptions, ModelWorkload,
+                                           PerWorkload)
+from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.export import load_drafter
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
@@ -93,11 +96,43 @@ class TraceSizes:
 MODEL_SIZES = TraceSizes(requests=32, group_size=4, max_length=128, calibration_tokens=32)
 
 
-def trace_sizes(model: bool, **flags) -> TraceSizes:
-    """The embedded run's sizes (model False) or a checkpoint's, with the given flags over them
-    (None: not given)."""
-    base = MODEL_SIZES if model else TraceSizes()
-    return replace(base, **{name: value for name, value in flags.items() if value is not None})
+# `tlt bench simulate`'s trace sizes: DEFAULTS.config(model, flags)
+DEFAULTS = PerWorkload(TraceSizes(), MODEL_SIZES)
+
+
+@dataclass(frozen=True)
+class SimulateOptions:
+    """`tlt bench simulate`: the traces (None: the workload's TraceSizes), the measurement and
+    the projection."""
+    json: Path | None = option("write rows + projection", None, metavar="FILE")
+    reps: int = option("calibration sweeps and measured rollouts per row (medians)", 3)
+    requests: int | None = option(DEFAULTS.help("requests per trace, both ranks together",
+                                                "requests"), None, metavar="N")
+    group_size: int | None = option(DEFAULTS.help("requests per group (one prompt, one length "
+                                                  "scale)", "group_size"), None, metavar="N")
+    max_length: int | None = option(DEFAULTS.help("longest forced response length", "max_length"),
+                                    None, metavar="N")
+    calibration_tokens: int | None = option(
+        DEFAULTS.help("forced length of the calibration's responses", "calibration_tokens"), None,
+        metavar="N")
+    calibration: Path | None = option("a cost-model calibration (JSON; the GPU script writes "
+                                      "one) for the projection; default: the one measured here",
+                                      None, metavar="FILE")
+    workers: int = option("workers in the projection", 64)
+    train_s_per_token: float | None = option("training seconds per generated token, for the "
+                                             "projection's end-to-end speedup", None)
+    rollout_share: float | None = option("the rollout's share of an SD-off step (e.g. 0.85, what "
+                                         "TLT's paper reports for production traces), for an "
+                                         "end-to-end speedup", None)
+
+
+CLI_OPTIONS = (SimulateOptions, ModelOptions)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt bench simulate`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ position of the first difference among the others.
 
 from __future__ import annotations
 
+import argparse
 import re
 import statistics
 import time
@@ -35,7 +36,8 @@ from tlt_core.drafting.sampled_chain import SampledChain
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.bench.model_workload import EMBEDDED_LABEL
+from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions
+from tlt_core.config_flags import add_dataclass_arguments, int_list, option
 from tlt_core.engine.records import (Request, RolloutResult, SamplingParams,
                                      acceptance_by_position)
 from tlt_core.model.transformer import Transformer
@@ -44,6 +46,37 @@ from tlt_core.model.transformer import Transformer
 RequestSource = Callable[[int, float, int], tuple[list[Request], int]]
 DEFAULT_STRATEGIES = (Strategy(6, 1, 7), Strategy(8, 1, 9), Strategy(12, 1, 13),
                       Strategy(5, 4, 16), Strategy(6, 8, 32))
+
+
+@dataclass(frozen=True)
+class SpeculativeOptions:
+    """`tlt bench speculative`: batch sizes, strategies and requests of the comparison."""
+    json: Path | None = option("write rows (batch, strategy, acceptance_length, sd_tok_s, "
+                               "plain_tok_s, speedup, ...) as JSON", None, metavar="FILE")
+    plot: Path | None = option("plot speedup against batch size per strategy", None,
+                               metavar="PNG")
+    batch: tuple[int, ...] = option("batch sizes (the engine's max running rows)",
+                                    (1, 4, 16, 64), parse=int_list, metavar="B,...")
+    strategy: list[str] | None = option(
+        "a draft strategy depth,topk,num_verify_tokens; repeatable (default: "
+        + " ".join(f"{s.depth},{s.topk},{s.num_verify_tokens}" for s in DEFAULT_STRATEGIES)
+        + ")", None, metavar="D,K,N", parse=str, repeatable=True)
+    temperature: float = option("sampling temperature (0: greedy, also checks SD == plain)", 1.0)
+    reps: int = option("timed runs per case (median)", 3)
+    requests: int = option("requests per batch size: max(2 x batch, N), so the batch stays near "
+                           "its size until the queue drains", 16, metavar="N")
+    max_tokens: int | None = option("longest response (default: the embedded task's longest "
+                                    "reference, or 256 with --model)", None, metavar="N")
+    no_progress: bool = option("hide the progress bar", False)
+
+
+CLI_OPTIONS = (SpeculativeOptions, ModelOptions)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt bench speculative`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,44 @@ not).
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+import argparse
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 from tqdm import tqdm
 
-from tlt_core.bench.model_workload import EMBEDDED_LABEL
+from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions
+from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.embedded.workload import train_inputs
 from tlt_core.rl.inputs import TrainInputs
 from tlt_core.rl.driver import RLDriver, TrainConfig
 
 RUNS = (("tlt", True, 0), ("off", False, 0), ("off_seed2", False, 1))
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """`tlt bench train`: the runs' length and sizes (None: TrainConfig's)."""
+    json: Path | None = option("write rows + summary", None, metavar="FILE")
+    steps: int = option("GRPO steps per run", 12)
+    prompts_per_step: int | None = option("prompts per GRPO step (default: TrainConfig's)", None,
+                                          metavar="N")
+    samples_per_prompt: int | None = option("samples per prompt (default: TrainConfig's)", None,
+                                            metavar="N")
+    max_new_tokens: int | None = option("longest response (default: TrainConfig's)", None,
+                                        metavar="N")
+    sampled_drafts: bool = option("TLT's adaptive plans include sampled chains", False)
+    no_progress: bool = option("no progress bars", False)
+
+
+CLI_OPTIONS = (TrainOptions, ModelOptions)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """`tlt bench train`'s flags: one per field of CLI_OPTIONS, its help the field's."""
+    for options in CLI_OPTIONS:
+        add_dataclass_arguments(parser, options)
 
 
 def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True,
