@@ -176,9 +176,9 @@ def test_every_leaf_has_a_runner():
         assert callable(parser.get_default("runner")), f"tlt {' '.join(path)}: no runner"
 
 
-def test_flag_help_is_read_beside_the_field_with_the_callers_table_as_fallback():
-    """tlt_core.config_flags: metadata help first, then the caller's table (how `tlt train`'s
-    TrainConfig still gets its help); a field with neither gets no flag; no default: required."""
+def test_flag_help_is_read_beside_the_field():
+    """tlt_core.config_flags: a field's help is its metadata's; a field without help gets no
+    flag; no default: a required flag."""
     from dataclasses import dataclass, field
     from tlt_core.config_flags import add_dataclass_arguments, int_list, option
 
@@ -186,16 +186,34 @@ def test_flag_help_is_read_beside_the_field_with_the_callers_table_as_fallback()
     class Options:
         out: str = option("where it goes", metavar="DIR")
         beside: int = option("help beside the field", 3)
-        tabled: float = 0.5
         sizes: tuple[int, ...] = option("sizes", (1, 2), parse=int_list)
         hidden: int = field(default=7)
 
     parser = argparse.ArgumentParser()
-    add_dataclass_arguments(parser, Options, {"tabled": "help from the table"})
+    add_dataclass_arguments(parser, Options)
     flags = parser._option_string_actions
     assert "--hidden" not in flags and flags["--out"].required
     assert flags["--beside"].help == "help beside the field (default: 3)"
-    assert flags["--tabled"].help == "help from the table (default: 0.5)"
     assert flags["--sizes"].help == "sizes (default: 1,2)"
     args = parser.parse_args(["--out", "x", "--sizes", "4,5"])
-    assert (args.out, args.beside, args.tabled, args.sizes) == ("x", 3, 0.5, (4, 5))
+    assert (args.out, args.beside, args.sizes) == ("x", 3, (4, 5))
+
+
+@pytest.mark.parametrize("command", ["train", "generate"])
+def test_every_config_field_of_train_and_generate_is_a_flag_with_its_help(command):
+    """The help is written once, beside the field; the parser has a flag for every field."""
+    from dataclasses import fields
+
+    from tlt_core.cli.generate import GenerateConfig
+    from tlt_core.cli.main import build_parser
+    from tlt_core.config_flags import flag_name
+    from tlt_core.rl.config import TrainConfig
+
+    cls = {"train": TrainConfig, "generate": GenerateConfig}[command]
+    commands = next(a for a in build_parser()._actions if a.choices and command in a.choices)
+    flags = commands.choices[command]._option_string_actions
+    for field in fields(cls):
+        help_text = field.metadata.get("help")
+        assert help_text, f"{cls.__name__}.{field.name}: no help"
+        flag = flags[flag_name(field.name, field.default)]
+        assert flag.dest == field.name and flag.help.startswith(help_text.replace("%", "%%"))

@@ -292,11 +292,10 @@ def test_the_example_configs_load_into_train_configs(name):
     from tlt_core.cli.config_file import parse_args
     from tlt_core.cli.main import build_parser
     from tlt_core.cli.options import dataclass_from_args
-    from tlt_core.cli.train import _HELP
 
     path = Path(__file__).resolve().parents[1] / "examples" / "configs" / name
     args = parse_args(build_parser(), ["train", "--config", str(path)])
-    config = dataclass_from_args(TrainConfig, args, _HELP, "tlt train")
+    config = dataclass_from_args(TrainConfig, args, "tlt train")
     assert config.eval_every >= 1 and config.epsilon_high == pytest.approx(0.28)
 
 

@@ -1,7 +1,6 @@
 """Command-line flags derived from frozen config dataclasses, the help beside each field.
 
-A field whose metadata has "help" (or, for a dataclass whose help lives elsewhere, an entry in
-the caller's help table) becomes the flag `--field-name` (dest `field_name`, so a config file
+A field whose metadata has "help" becomes the flag `--field-name` (dest `field_name`, so a config file
 uses the field's own name), typed from its default or its annotation, with its default appended
 to the help unless the help says it. A bool field that defaults to True becomes
 `--no-field-name` (dest `field_name`), one that defaults to False `--field-name`; a field with no
@@ -52,14 +51,12 @@ def int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
 
 
-def field_help(field, help_table: Mapping[str, str] | None = None) -> str | None:
-    """The field's help: its metadata's "help", else the caller's table entry; None: no
-    flag."""
-    return field.metadata.get("help") or (help_table or {}).get(field.name)
+def field_help(field) -> str | None:
+    """The field's help, from its metadata; None: the field has no flag."""
+    return field.metadata.get("help")
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type,
-                            help_table: Mapping[str, str] | None = None, *,
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *,
                             defaults: Mapping[str, object] | None = None,
                             choices: Mapping[str, tuple] | None = None) -> None:
     """One flag per field of `cls` that has help (field_help). defaults: per-field defaults
@@ -67,7 +64,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type,
     choices: per-field allowed values beside the metadata's (the flag then shows and checks
     them)."""
     for field in fields(cls):
-        text = field_help(field, help_table)
+        text = field_help(field)
         if text is None:
             continue
         default = _default(field, defaults)
@@ -90,12 +87,11 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type,
                             help=_with_default(text, default).replace("%", "%%"), **extra)
 
 
-def dataclass_from_args(cls: type, args: argparse.Namespace,
-                        help_table: Mapping[str, str] | None, prog: str, **extra):
+def dataclass_from_args(cls: type, args: argparse.Namespace, prog: str, **extra):
     """cls(**the flags' values, **extra); a ValueError naming a field ("lr: must be ...")
     becomes SystemExit naming its flag."""
     values = {f.name: getattr(args, f.name) for f in fields(cls)
-              if field_help(f, help_table) is not None}
+              if field_help(f) is not None}
     try:
         return cls(**values, **extra)
     except ValueError as error:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
 from tlt_core.cli.options import add_dataclass_arguments, dataclass_from_args
+from tlt_core.config_flags import option
 from tlt_core.drafting.export import load_drafter
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.workload import load_embedded
@@ -53,16 +54,25 @@ class GenerateConfig:
     """What `tlt generate` samples and how it speculates; checked as SamplingParams and
     Strategy check them."""
 
-    temperature: float = 0.0  # greedy: reproducible, and SD's output equals plain decoding's
-    top_k: int = 0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    seed: int = 0
-    sd: bool = True
-    draft_depth: int = 6  # (6,1,7): the best fixed strategy of `tlt bench rollout` here
-    draft_topk: int = 1
-    num_verify_tokens: int = 7
-    max_batch: int = 16
+    # greedy: reproducible, and SD's output equals plain decoding's
+    temperature: float = option("sampling temperature; 0 is greedy", 0.0)
+    top_k: int = option("sample among the k most likely tokens only; 0 turns it off", 0)
+    top_p: float = option("sample among the most likely tokens whose probabilities sum to p "
+                          "(nucleus); 1 turns it off", 1.0)
+    max_tokens: int = option("most tokens generated per prompt", 256)
+    seed: int = option("base of the per-prompt sampling seeds (a prompt's samples do not depend "
+                       "on its batch)", 0)
+    sd: bool = option("speculative decoding with the drafter (off: plain decoding; the same text,"
+                      " slower)", True)
+    # (6,1,7): the best fixed strategy of `tlt bench rollout` here
+    draft_depth: int = option("draft strategy: drafter levels per speculative step "
+                              "(Strategy.depth)", 6)
+    draft_topk: int = option("draft strategy: children per expanded node, and nodes expanded per "
+                             "level (Strategy.topk; 1 drafts a chain)", 1)
+    num_verify_tokens: int = option("draft strategy: tree nodes the target verifies per step, the"
+                                    " root included (Strategy.num_verify_tokens; at most the "
+                                    "nodes drafted + 1)", 7)
+    max_batch: int = option("most prompts decoding at once in batch mode", 16)
 
     def __post_init__(self):
         SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
@@ -84,25 +94,6 @@ class GenerateConfig:
     def sampling(self, stop_ids: Sequence[int]) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                               max_tokens=self.max_tokens, stop_ids=tuple(stop_ids))
-
-
-_HELP = {
-    "temperature": "sampling temperature; 0 is greedy",
-    "top_k": "sample among the k most likely tokens only; 0 turns it off",
-    "top_p": "sample among the most likely tokens whose probabilities sum to p (nucleus); 1 "
-             "turns it off",
-    "max_tokens": "most tokens generated per prompt",
-    "seed": "base of the per-prompt sampling seeds (a prompt's samples do not depend on its "
-            "batch)",
-    "sd": "speculative decoding with the drafter (off: plain decoding; the same text, "
-          "slower)",
-    "draft_depth": "draft strategy: drafter levels per speculative step (Strategy.depth)",
-    "draft_topk": "draft strategy: children per expanded node, and nodes expanded per level "
-                  "(Strategy.topk; 1 drafts a chain)",
-    "num_verify_tokens": "draft strategy: tree nodes the target verifies per step, the root "
-                         "included (Strategy.num_verify_tokens; at most the nodes drafted + 1)",
-    "max_batch": "most prompts decoding at once in batch mode",
-}
 
 
 def add_parsers(commands) -> None:
@@ -140,7 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "`tlt export drafter` export (EAGLE or speculators) (default: "
                              "the embedded drafter with the embedded model; none with --model, "
                              "which then decodes plainly)")
-    add_dataclass_arguments(parser, GenerateConfig, _HELP)
+    add_dataclass_arguments(parser, GenerateConfig)
     add_placement_arguments(parser)
     add_prompt_arguments(parser)
     parser.add_argument("--stats", action="store_true",
@@ -330,7 +321,7 @@ def run_generate(args: argparse.Namespace, stdin: TextIO | None = None,
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    config = dataclass_from_args(GenerateConfig, args, _HELP, "tlt generate")
+    config = dataclass_from_args(GenerateConfig, args, "tlt generate")
     batch = list(args.prompt or [])
     if args.prompts is not None:
         batch += read_prompts(args.prompts, stdin)

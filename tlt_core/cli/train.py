@@ -44,7 +44,8 @@ from tlt_core.cli.run_folder import (BASELINE_DIR, CHECKPOINTS_DIR, POLICY_DIR, 
                                      RunFolderError, clear_run, hold_run_folder, resume_point)
 from tlt_core.embedded.workload import train_inputs
 from tlt_core.rl.checkpoint_io import atomic_folder, latest_checkpoint, step_folder_name
-from tlt_core.rl.driver import CHOICES, RLDriver, TrainConfig
+from tlt_core.rl.config import CHOICES, TrainConfig
+from tlt_core.rl.driver import RLDriver
 from tlt_core.rl.inputs import TrainInputs, checkpoint_inputs, load_reward
 from tlt_core.rl.metrics import MetricsWriter, tensorboard_available
 from tlt_core.rl.policy_folder import SpecialTokenIds, write_policy_folder
@@ -52,69 +53,6 @@ from tlt_core.rl.report import summarize, write_report
 from tlt_core.rl.rewards import RewardMix, math_reward
 from tlt_core.rl.wandb_logger import WANDB_MODES, WandbError, WandbSettings, wandb_available
 
-_HELP = {
-    "steps": "RL steps (rollout, update, refresh)",
-    "prompts_per_step": "prompts per step (each sampled samples_per_prompt times)",
-    "samples_per_prompt": "samples per prompt (the GRPO group; PPO may use 1)",
-    "max_new_tokens": "most tokens per response",
-    "temperature": "sampling temperature of the rollout (and of the log-probs trained on)",
-    "algorithm": "grpo (group-relative advantages) or ppo (GAE over a critic: a copy of the "
-                 "policy's decoder with a value head, its own optimizer)",
-    "lr": "AdamW learning rate (the peak of the schedule)",
-    "lr_scheduler_type": "learning-rate schedule after the warm-up: constant or cosine, per "
-                         "RL step",
-    "warmup_steps": "RL steps of linear learning-rate warm-up",
-    "min_lr_ratio": "cosine: the final learning rate as a fraction of lr",
-    "epsilon_low": "clip range below: ratios under 1 - epsilon_low stop the gradient of a "
-                   "negative advantage",
-    "epsilon_high": "clip range above: ratios over 1 + epsilon_high stop the gradient of a "
-                    "positive advantage (clip-higher: larger than epsilon_low, e.g. 0.28)",
-    "scale_rewards": "GRPO advantages (r - group mean) divided by: group (the group's std), "
-                     "batch (the step's std) or none (Dr. GRPO)",
-    "loss_agg_mode": "token weights: token-mean (every token alike), seq-mean-token-mean "
-                     "(every sequence alike), seq-mean-token-sum, seq-mean-token-sum-norm "
-                     "(sum / max_new_tokens, Dr. GRPO)",
-    "kl_coef": "KL penalty to the frozen initial policy; 0 turns it off",
-    "kl_placement": "the KL as a loss term (loss) or subtracted from the reward (reward)",
-    "kl_estimator": "per-token KL estimate: k1 (log ratio), k2 (half its square), k3 "
-                    "(exp(d) - d - 1, low variance)",
-    "dynamic_sampling": "drop groups whose rewards are all equal and refill the step with new "
-                        "prompts (DAPO)",
-    "max_refill_rounds": "dynamic sampling: most refill rounds per step (then the step trains "
-                         "on the groups it kept)",
-    "mask_truncated_completions": "leave responses cut at max_new_tokens out of the loss "
-                                  "(DAPO's overlong filtering)",
-    "overlong_buffer_len": "soft overlong penalty over the last N tokens before "
-                           "max_new_tokens, growing linearly to -overlong_penalty_factor; 0: off",
-    "overlong_penalty_factor": "the soft overlong penalty at max_new_tokens (as a reward)",
-    "gamma": "PPO: discount of GAE",
-    "lam": "PPO: lambda of GAE (1: Monte Carlo returns, 0: one-step TD)",
-    "cliprange_value": "PPO: the critic's values move at most this far from the rollout's "
-                       "before the value loss stops their gradient",
-    "critic_lr": "PPO: the critic's learning rate (none: lr; same schedule)",
-    "critic_layers": "PPO: the critic's decoder layers, the policy's first N (none: all)",
-    "whiten_advantages": "PPO: advantages whitened over the step's tokens",
-    "minibatch_size": "sequences per optimizer step",
-    "micro_batch_tokens": "padded tokens per forward/backward (a mini-batch runs as length-"
-                          "sorted micro-batches under this budget; same update, less padding)",
-    "ppo_epochs": "passes over the step's rollouts",
-    "max_grad_norm": "gradient clipping norm",
-    "seed": "seed of prompts, sampling and mini-batches",
-    "max_batch": "engine rows per rank (the most samples decoding at once)",
-    "tlt": "TLT: adaptive speculative rollout and the spot-trained drafter (off: plain "
-           "decoding only, the SD-off baseline)",
-    "sampled_drafts": "sampled chains among the adaptive loop's plans: each draft token drawn "
-                      "from the drafter's distribution, accepted with 1 - TV(target, drafter) "
-                      "at T > 0 (deterministic drafts: with the target's probability of it)",
-    "suffix_drafts": "suffix-match drafts (copied from sibling and earlier responses) among "
-                     "the adaptive loop's plans",
-    "old_logprobs": "the log-probs PPO's ratio divides by: rollout (the engine's), recompute "
-                    "(the trainer's own pass first), auto (recompute for bf16/fp16 policies)",
-    "eval_every": "evaluate on the held-out prompts every N steps (0: never); the embedded "
-                  "task has its own, --model needs --eval-data",
-    "eval_samples": "samples per held-out prompt (pass@k for k up to this)",
-    "pass_threshold": "a held-out sample passes when its reward is at least this",
-}
 
 
 def add_parsers(commands) -> None:
@@ -132,7 +70,7 @@ def add_parsers(commands) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(parser, TrainConfig, _HELP, choices=CHOICES)
+    add_dataclass_arguments(parser, TrainConfig, choices=CHOICES)
     parser.add_argument("--compare", action="store_true",
                         help="also run the SD-off baseline with the same seeds and config, and "
                              "print the end-to-end speedup")
@@ -203,22 +141,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    config = dataclass_from_args(TrainConfig, args, _HELP, "tlt train")
+    config = dataclass_from_args(TrainConfig, args, "tlt train")
+    _check_arguments(args, config)
     nproc = args.nproc if args.nproc is not None else (
         min(2, len(os.sched_getaffinity(0))) if args.model is None else 1)
-    if nproc < 1:
-        raise SystemExit(f"tlt train: --nproc: must be >= 1, got {nproc}")
     if nproc > 1 and not under_a_launcher():
         return run_local_ranks(nproc, run_train, args)
     tensorboard = _tensorboard_wanted(args.tensorboard)
-    if args.eval_data is not None and args.model is None:
-        raise SystemExit("tlt train: --eval-data goes with --model; the embedded task evaluates "
-                         "on its own held-out problems")
-    if config.eval_every and args.model is not None and args.eval_data is None:
-        raise SystemExit("tlt train: --eval-every: needs --eval-data FILE (held-out prompts)")
-    if (args.model is None) != (args.data is None):
-        raise SystemExit("tlt train: --model and --data go together (a checkpoint and its "
-                         "prompts); with neither, the embedded task and model are used")
     if args.model is not None:
         reward = _reward(args.reward)
         placement = placement_from_args(args, "tlt train", embedded=False)
@@ -234,9 +163,6 @@ def run_train(args: argparse.Namespace) -> int:
             except (FileNotFoundError, ImportError, ValueError) as error:  # they name the file
                 raise SystemExit(f"tlt train: {error}") from None
     else:
-        if args.device not in ("auto", "cpu") or args.dtype not in ("auto", "float32"):
-            raise SystemExit("tlt train: the embedded task runs in float32 on the CPU; "
-                             "--device / --dtype apply to --model")
         if _rank() == 0:
             print("tlt train: GRPO on the embedded task (countdown sums mod 100, worked step by "
                   "step, with heavy-tailed response lengths) and the embedded model (8 layers, "
@@ -245,11 +171,6 @@ def run_train(args: argparse.Namespace) -> int:
                   "with the package), then calibrate the adaptive loop's cost model "
                   "(seconds).", file=sys.stderr, flush=True)
         inputs = lambda: train_inputs(progress=not args.no_progress)  # noqa: E731
-    if args.keep_checkpoints < 1:
-        raise SystemExit(f"tlt train: --keep-checkpoints: must be >= 1, got "
-                         f"{args.keep_checkpoints}")
-    if args.save_every < 0:
-        raise SystemExit(f"tlt train: --save-every: must be >= 0, got {args.save_every}")
     runs = {"tlt" if config.tlt else "baseline": (args.out, config)}
     if args.compare and config.tlt:
         runs["baseline"] = (args.out / BASELINE_DIR, replace(config, tlt=False))
@@ -287,6 +208,27 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"end-to-end speedup of TLT over SD off: {speedup:.2f}x")
     print(f"report: {report}")
     return 0
+
+
+def _check_arguments(args: argparse.Namespace, config: TrainConfig) -> None:
+    """The flags that go together, and the ranges argparse does not check."""
+    if args.eval_data is not None and args.model is None:
+        raise SystemExit("tlt train: --eval-data goes with --model; the embedded task evaluates "
+                         "on its own held-out problems")
+    if config.eval_every and args.model is not None and args.eval_data is None:
+        raise SystemExit("tlt train: --eval-every: needs --eval-data FILE (held-out prompts)")
+    if (args.model is None) != (args.data is None):
+        raise SystemExit("tlt train: --model and --data go together (a checkpoint and its "
+                         "prompts); with neither, the embedded task and model are used")
+    if args.model is None and (args.device not in ("auto", "cpu")
+                               or args.dtype not in ("auto", "float32")):
+        raise SystemExit("tlt train: the embedded task runs in float32 on the CPU; "
+                         "--device / --dtype apply to --model")
+    for flag, value, least in (("--keep-checkpoints", args.keep_checkpoints, 1),
+                               ("--save-every", args.save_every, 0),
+                               ("--nproc", 1 if args.nproc is None else args.nproc, 1)):
+        if value < least:
+            raise SystemExit(f"tlt train: {flag}: must be >= {least}, got {value}")
 
 
 def _reward(choice: str):

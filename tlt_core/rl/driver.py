@@ -65,16 +65,16 @@ from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams, seconds_at_or_below
 from tlt_core.engine.sampling import sample_seed
 from tlt_core.model.transformer import Transformer
-from tlt_core.rl.advantages import (REWARD_SCALINGS, gae, group_advantages, overlong_penalty,
-                                    varied_groups, whiten)
+from tlt_core.rl.advantages import gae, group_advantages, overlong_penalty, varied_groups, whiten
 from tlt_core.rl.checkpoint_io import read_state, write_checkpoint
 from tlt_core.rl.critic import ValueModel, response_values
 from tlt_core.rl.evaluation import PASS_AT_K, evaluation_metrics
-from tlt_core.rl.losses import (KL_ESTIMATORS, LOSS_AGG_MODES, LossParts, kl_estimate,
-                                ppo_clip_loss, response_logprobs, value_loss)
+from tlt_core.rl.config import TrainConfig
+from tlt_core.rl.losses import (LossParts, kl_estimate, ppo_clip_loss, response_logprobs,
+                                value_loss)
 from tlt_core.rl.master_weights import MasterWeightAdamW
 from tlt_core.rl.rewards import RewardFn, score_all
-from tlt_core.rl.schedule import LR_SCHEDULERS, lr_multiplier
+from tlt_core.rl.schedule import lr_multiplier
 from tlt_core.rl.update import (BeforeUpdate, MicroBatch, UpdatePlan, UpdateTotals, ValueParts,
                                 micro_batch_weights, pack_micro_batch, plan_update)
 from tlt_core.workers.group import WorkerGroup
@@ -85,126 +85,7 @@ from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
 from tlt_core.workers.watchdog import DrafterWatchdog
 
 TAIL_FRACTION = 0.25  # the tail: the running batch at or below this share of the step's peak
-OLD_LOGPROBS = ("auto", "rollout", "recompute")
-ALGORITHMS = ("grpo", "ppo")
-KL_PLACEMENTS = ("loss", "reward")
 EVAL_SEED_STEP = -1  # evaluation samples use the seeds of this step index: the same every pass
-
-# The options with a fixed set of values (the CLI offers them as choices).
-CHOICES = {"algorithm": ALGORITHMS, "scale_rewards": REWARD_SCALINGS,
-           "loss_agg_mode": LOSS_AGG_MODES, "kl_placement": KL_PLACEMENTS,
-           "kl_estimator": KL_ESTIMATORS, "lr_scheduler_type": LR_SCHEDULERS,
-           "old_logprobs": OLD_LOGPROBS}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 16
-    prompts_per_step: int = 8
-    samples_per_prompt: int = 8
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    algorithm: str = "grpo"  # "ppo": GAE over a critic's values (tlt_core.rl.critic)
-    # the policy's optimizer and schedule (tlt_core.rl.schedule)
-    lr: float = 5e-5
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    # the clipped surrogate: ratios outside [1 - epsilon_low, 1 + epsilon_high] stop the
-    # gradient (DAPO's clip-higher: epsilon_high > epsilon_low)
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    scale_rewards: str = "group"  # GRPO advantages (tlt_core.rl.advantages)
-    loss_agg_mode: str = "token-mean"  # token weights (tlt_core.rl.losses)
-    kl_coef: float = 0.0  # > 0: a frozen reference and a KL penalty
-    kl_placement: str = "loss"  # a loss term, or subtracted from the reward
-    kl_estimator: str = "k3"
-    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, and refill
-    max_refill_rounds: int = 2
-    mask_truncated_completions: bool = False  # responses cut at max_new_tokens: no loss
-    overlong_buffer_len: int = 0  # DAPO's soft overlong penalty over the last tokens; 0: off
-    overlong_penalty_factor: float = 1.0
-    # PPO: GAE, the critic and its optimizer (the schedule is the policy's)
-    gamma: float = 1.0
-    lam: float = 0.95
-    cliprange_value: float = 0.2
-    critic_lr: float | None = None  # None: lr
-    critic_layers: int | None = None  # the critic's decoder layers; None: all the policy's
-    whiten_advantages: bool = True
-    minibatch_size: int = 32  # sequences per optimizer step
-    micro_batch_tokens: int = 2048  # padded tokens per forward/backward within a mini-batch
-    ppo_epochs: int = 1
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    tlt: bool = True  # adaptive SD + spot-trained drafter; False: the SD-off baseline
-    max_batch: int = 64  # engine rows per rank
-    suffix_drafts: bool = True  # suffix-match plans among the adaptive loop's arms
-    sampled_drafts: bool = False  # sampled chains (SAMPLED_PLANS) among them too
-    # The log-probs PPO's ratio divides by: "rollout" (the engine's, free; exact in float32),
-    # "recompute" (the trainer's own pass before the update, as veRL does), "auto" (recompute
-    # when the policy is not float32: in bf16 the engine's fused inference pass and the
-    # training pass round differently, by up to 0.4-0.6 nats at a token on SmolLM2-135M in
-    # `tlt train --model` on the arithmetic set)
-    old_logprobs: str = "auto"
-    # held-out evaluation (tlt_core.rl.evaluation): every eval_every steps (0: never)
-    eval_every: int = 0
-    eval_samples: int = 4
-    pass_threshold: float = 1.0
-
-    @property
-    def critic_peak_lr(self) -> float:
-        """The critic's learning rate before the schedule: critic_lr, else the policy's."""
-        return self.lr if self.critic_lr is None else self.critic_lr
-
-    def __post_init__(self):
-        positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
-                    "minibatch_size", "micro_batch_tokens", "ppo_epochs", "max_batch",
-                    "eval_samples")
-        for name in positive:
-            _check_int(self, name, 1)
-        for name in ("warmup_steps", "max_refill_rounds", "overlong_buffer_len", "eval_every"):
-            _check_int(self, name, 0)
-        for name in ("lr", "max_grad_norm", "temperature", "epsilon_high", "cliprange_value",
-                     "overlong_penalty_factor") + (("critic_lr",) if self.critic_lr is not None
-                                                   else ()):
-            value = getattr(self, name)
-            if not (_is_number(value) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
-        for name, low, high in (("epsilon_low", 0, 1), ("min_lr_ratio", 0, 1), ("gamma", 0, 1),
-                                ("lam", 0, 1)):
-            value = getattr(self, name)
-            if not (_is_number(value) and low <= value <= high) or (
-                    name == "epsilon_low" and value in (0, 1)):
-                bounds = "(0, 1)" if name == "epsilon_low" else "[0, 1]"
-                raise ValueError(f"{name}: must be in {bounds}, got {value!r}")
-        if not (_is_number(self.kl_coef) and math.isfinite(self.kl_coef) and self.kl_coef >= 0):
-            raise ValueError(f"kl_coef: must be >= 0, got {self.kl_coef}")
-        if not _is_number(self.pass_threshold) or not math.isfinite(self.pass_threshold):
-            raise ValueError(f"pass_threshold: must be a finite number, got "
-                             f"{self.pass_threshold!r}")
-        if self.critic_layers is not None:
-            _check_int(self, "critic_layers", 1)
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.algorithm == "grpo" and self.samples_per_prompt < 2:
-            raise ValueError("samples_per_prompt: GRPO compares samples of one prompt; need >= 2")
-        if self.dynamic_sampling and self.samples_per_prompt < 2:
-            raise ValueError("samples_per_prompt: dynamic sampling drops groups whose samples "
-                             "all scored the same; need >= 2 samples per prompt")
-        if self.overlong_buffer_len >= self.max_new_tokens:
-            raise ValueError(f"overlong_buffer_len: must be below max_new_tokens "
-                             f"({self.max_new_tokens}), got {self.overlong_buffer_len}")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_int(config, name: str, least: int) -> None:
-    value = getattr(config, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{name}: must be an int >= {least}, got {value!r}")
 
 
 @dataclass(frozen=True)
