@@ -1,4 +1,4 @@
-"""`tlt drafter train` / tlt_core.rl.drafter_warmup (the offline EAGLE warm-up): a drafter for
+"""`tlt drafter train` / tlt_core.warmup (the offline EAGLE warm-up): a drafter for
 any checkpoint from the target's own responses — harvested from the passes that generated them,
 a reduced draft vocabulary of the tokens they use, resumable with the same batches, the
 held-out acceptance in the folder's provenance — and the result drafts losslessly in the
@@ -17,13 +17,13 @@ from tlt_core.cli.main import main
 from tlt_core.drafting import training
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.export import load_drafter
-from tlt_core.rl import drafter_warmup
-from tlt_core.rl.checkpoint_io import write_state
-from tlt_core.rl.drafter_warmup import (OfflineConfig, _draft_vocabulary, _read_shard,
-                                       _record_problem, float32_twin, train_offline)
 from tlt_core.drafting.training import collect_records
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.persistence.checkpoint_io import write_state
+from tlt_core.warmup import offline
+from tlt_core.warmup.offline import (OfflineConfig, _draft_vocabulary, _read_shard,
+                                     _record_problem, float32_twin, train_offline)
 
 from tests.cli_fixtures import tiny_checkpoint, word
 from tests.speculative_fixtures import tiny_target
@@ -108,11 +108,11 @@ def test_an_interrupted_run_resumes_with_the_same_batches(tmp_path, monkeypatch)
             raise KeyboardInterrupt
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr("tlt_core.rl.drafter_warmup.train_step", failing_step)
+    monkeypatch.setattr("tlt_core.warmup.offline.train_step", failing_step)
     with pytest.raises(KeyboardInterrupt):
         train_offline(target, data, tmp_path / "again", CONFIG, progress=False,
                       log=lambda line: None)
-    monkeypatch.setattr("tlt_core.rl.drafter_warmup.train_step", real_step)
+    monkeypatch.setattr("tlt_core.warmup.offline.train_step", real_step)
     resumed = train_offline(target, data, tmp_path / "again", CONFIG, progress=False,
                             log=lambda line: None)
     assert resumed.steps == whole.steps
@@ -176,9 +176,9 @@ def same_drafters(folder_a, folder_b, target):
 
 
 def counting(monkeypatch):
-    """Counts the shards written and the training steps taken through drafter_warmup."""
+    """Counts the shards written and the training steps taken through the warm-up."""
     counts = {"shards": 0, "steps": 0}
-    real_write, real_step = drafter_warmup._write_shard, drafter_warmup.train_step
+    real_write, real_step = offline._write_shard, offline.train_step
 
     def write_shard(*args, **kwargs):
         counts["shards"] += 1
@@ -188,8 +188,8 @@ def counting(monkeypatch):
         counts["steps"] += 1
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(drafter_warmup, "_write_shard", write_shard)
-    monkeypatch.setattr(drafter_warmup, "train_step", step)
+    monkeypatch.setattr(offline, "_write_shard", write_shard)
+    monkeypatch.setattr(offline, "train_step", step)
     return counts
 
 
@@ -253,13 +253,13 @@ def test_two_concurrent_warm_ups_train_once(tmp_path, monkeypatch):
     data = prompts(target)
     counts = counting(monkeypatch)
     training, reports, second_log = threading.Event(), {}, []
-    real_step = drafter_warmup.train_step
+    real_step = offline.train_step
 
     def step(*args, **kwargs):
         training.set()
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(drafter_warmup, "train_step", step)
+    monkeypatch.setattr(offline, "train_step", step)
 
     def run(name, log):
         reports[name] = train_offline(target, data, tmp_path / "drafter", CONFIG,

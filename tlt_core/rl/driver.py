@@ -65,16 +65,17 @@ from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams, seconds_at_or_below
 from tlt_core.engine.sampling import sample_seed
 from tlt_core.model.transformer import Transformer
+from tlt_core.optim.master_weights import MasterWeightAdamW
+from tlt_core.optim.schedule import LR_SCHEDULERS, lr_multiplier
+from tlt_core.persistence.checkpoint_io import read_state, write_checkpoint
 from tlt_core.rl.advantages import (REWARD_SCALINGS, gae, group_advantages, overlong_penalty,
                                     varied_groups, whiten)
-from tlt_core.rl.checkpoint_io import read_state, write_checkpoint
 from tlt_core.rl.critic import ValueModel, response_values
 from tlt_core.rl.evaluation import PASS_AT_K, evaluation_metrics
 from tlt_core.rl.losses import (KL_ESTIMATORS, LOSS_AGG_MODES, kl_estimate, ppo_clip_loss,
                                 response_logprobs, token_weights, value_loss)
-from tlt_core.rl.master_weights import MasterWeightAdamW
-from tlt_core.rl.rewards import RewardFn, score_all
-from tlt_core.rl.schedule import LR_SCHEDULERS, lr_multiplier
+from tlt_core.tasks.inputs import Prompt
+from tlt_core.tasks.rewards import RewardFn, score_all
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.harvest import HarvestBuffer
 from tlt_core.workers.refresh import refresh
@@ -203,13 +204,6 @@ def _check_int(config, name: str, least: int) -> None:
     value = getattr(config, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise ValueError(f"{name}: must be an int >= {least}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str  # what the reward function sees
-    ids: tuple[int, ...]  # what the model sees
-    reference: str  # the reference answer
 
 
 @dataclass

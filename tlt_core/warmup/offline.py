@@ -6,7 +6,7 @@ Three phases, each resumable from the output folder's `work/`:
    caller's prompt format, temperature, max_tokens, stop ids) in the rollout engine, and a
    HarvestBuffer keeps the hidden states of the very passes that generated them: no second
    target pass (tlt_core.workers.harvest). Written as shards `work/responses/shard-NNNNN/`
-   (tlt_core.rl.checkpoint_io); a resumed run skips the shards it has.
+   (tlt_core.persistence.checkpoint_io); a resumed run skips the shards it has.
 2. Draft vocabulary (`draft_vocab` V'): the V' token ids the responses use most, stop ids
    always included (FR-Spec / EAGLE-3's d2t: a drafting level's LM head then costs V'/V).
 3. Training: AdamW on the EAGLE loss (tlt_core.drafting.training) over the response positions
@@ -22,7 +22,7 @@ it, and stored in the folder's metadata with the provenance.
 
 The work folder is a cache several processes may reach for at once, and which a crash, a full
 disk or a hand may damage; it stays usable:
-- one process at a time: a call holds `work/`'s lock (tlt_core.rl.folder_lock) throughout, so
+- one process at a time: a call holds `work/`'s lock (tlt_core.persistence.folder_lock) throughout, so
   a second call with the same --out waits for the first (saying so), then reuses what it wrote
   instead of generating and training a second time;
 - every entry is written atomically (`work/run.json` by checkpoint_io.atomic_file, shards and
@@ -61,9 +61,9 @@ from tlt_core.drafting.tree import Strategy
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.transformer import Transformer, rope_inv_freq
-from tlt_core.rl.checkpoint_io import (atomic_file, read_state, step_folders, write_checkpoint,
-                                       write_state)
-from tlt_core.rl.folder_lock import folder_lock
+from tlt_core.persistence.checkpoint_io import (atomic_file, read_state, step_folders,
+                                                write_checkpoint, write_state)
+from tlt_core.persistence.folder_lock import folder_lock
 from tlt_core.workers.harvest import HarvestBuffer
 
 WORK_DIR, RESPONSES_DIR, TRAIN_DIR = "work", "responses", "train"
