@@ -9,7 +9,6 @@ lr to lr / 10. Deterministic for a seed on one machine, like pre-training.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from tlt_core.drafting.training import collect_records, make_batch, make_optimiz
 from tlt_core.embedded.pretrain import sample_responses
 from tlt_core.embedded.task import TaskConfig, generate_problems
 from tlt_core.model.transformer import Transformer
+from tlt_core.optim.schedule import learning_rate
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ def train_offline_drafter(target: Transformer,
                desc="training the embedded drafter")
     for step in range(config.steps):
         for group in optimizer.param_groups:  # cosine from lr to lr / 10
-            group["lr"] = config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / config.steps)))
+            group["lr"] = learning_rate(step, lr=config.lr, steps=config.steps,
+                                        scheduler="cosine", min_lr_ratio=0.1)
         history.append(train_step(drafter, optimizer,
                                   make_batch(order.sample(records, config.batch_size))))
         bar.update()

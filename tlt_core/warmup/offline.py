@@ -41,7 +41,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import math
 import random
 import shutil
 import time
@@ -61,6 +60,7 @@ from tlt_core.drafting.tree import Strategy
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.transformer import Transformer, rope_inv_freq
+from tlt_core.optim.schedule import learning_rate
 from tlt_core.persistence.checkpoint_io import (atomic_file, read_state, step_folders,
                                                 write_checkpoint, write_state)
 from tlt_core.persistence.folder_lock import folder_lock
@@ -479,7 +479,9 @@ def _train(drafter: Drafter, records: list[DraftRecord], prompt_lengths: list[in
     while step < config.steps:
         batch = next(batches)
         for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(config, step)
+            group["lr"] = learning_rate(step, lr=config.lr, steps=config.steps,
+                                        warmup_steps=config.warmup, scheduler="cosine",
+                                        min_lr_ratio=0.1)
         metrics = train_step(drafter, optimizer, _float_batch(batch, device))
         history.append(metrics)
         step += 1
@@ -552,13 +554,6 @@ def _float_batch(batch: DraftBatch, device: torch.device) -> DraftBatch:
     """The batch on the drafter's device, its hidden states widened to float32."""
     return DraftBatch(batch.tokens.to(device), batch.features.to(device, torch.float32),
                       batch.last_hidden.to(device, torch.float32), batch.mask.to(device))
-
-
-def _learning_rate(config: OfflineConfig, step: int) -> float:
-    if step < config.warmup:
-        return config.lr * (step + 1) / config.warmup
-    progress = (step - config.warmup) / max(config.steps - config.warmup, 1)
-    return config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
 def _mean(values) -> float:
