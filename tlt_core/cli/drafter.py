@@ -19,7 +19,8 @@ from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_argu
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.prompt_format import load_prompt_format
 from tlt_core.tasks.data import load_prompts
-from tlt_core.warmup.offline import OfflineConfig, train_offline
+from tlt_core.warmup.config import OfflineConfig
+from tlt_core.warmup.offline import train_offline
 
 DEFAULTS = OfflineConfig()
 
