@@ -1,4 +1,4 @@
-"""Checkpoint folders (tlt_core.rl.checkpoint_io): a nested state round-trips exactly, RNG
+"""Checkpoint folders (tlt_core.persistence.checkpoint_io): a nested state round-trips exactly, RNG
 states included; what it cannot store is refused by path before anything is written; reading
 runs no code and refuses what it cannot trust; a crash or a failed write (disk full, no
 permission) mid-write leaves the previous checkpoint as it was and no temporary behind, and the
@@ -18,10 +18,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from tests.speculative_fixtures import tiny_target
-import tlt_core.rl.checkpoint_io as checkpoint_io
-from tlt_core.rl.checkpoint_io import (STATE_FILE, TENSORS_FILE, atomic_file, atomic_folder,
-                                       latest_checkpoint, read_state, step_folders,
-                                       write_checkpoint, write_state)
+import tlt_core.persistence.checkpoint_io as checkpoint_io
+from tlt_core.persistence.checkpoint_io import (STATE_FILE, TENSORS_FILE, atomic_file,
+                                                atomic_folder, latest_checkpoint, read_state,
+                                                step_folders, write_checkpoint, write_state)
 
 
 def assert_same(a, b, path="state"):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tlt_core.rl.arithmetic_problems import generate_problems, write_jsonl
-from tlt_core.rl.data import DataError, load_prompts
-from tlt_core.rl.rewards import math_reward
+from tlt_core.tasks.arithmetic_problems import generate_problems, write_jsonl
+from tlt_core.tasks.data import DataError, load_prompts
+from tlt_core.tasks.rewards import math_reward
 
 GSM8K_ROW = {"question": "Natalia sold clips to 48 of her friends in April, and then she sold "
                          "half as many clips in May. How many clips did Natalia sell altogether "
@@ -219,7 +219,7 @@ def test_a_written_set_is_read_back_and_its_solutions_score_one(tmp_path):
 
 
 def test_the_committed_set_is_the_generated_one(tmp_path):
-    """Regenerate with: python -c "from tlt_core.rl.arithmetic_problems import *;
+    """Regenerate with: python -c "from tlt_core.tasks.arithmetic_problems import *;
     write_jsonl('tests/data/arithmetic-32.jsonl', generate_problems(32, seed=0))" """
     write_jsonl(tmp_path / "fresh.jsonl", generate_problems(32, seed=0))
     assert (tmp_path / "fresh.jsonl").read_bytes() == COMMITTED.read_bytes()

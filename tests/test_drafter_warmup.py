@@ -1,4 +1,4 @@
-"""`tlt drafter train` / tlt_core.rl.drafter_warmup (the offline EAGLE warm-up): a drafter for
+"""`tlt drafter train` / tlt_core.warmup (the offline EAGLE warm-up): a drafter for
 any checkpoint from the target's own responses — harvested from the passes that generated them,
 a reduced draft vocabulary of the tokens they use, resumable with the same batches, the
 held-out acceptance in the folder's provenance — and the result drafts losslessly in the
@@ -17,13 +17,17 @@ from tlt_core.cli.main import main
 from tlt_core.drafting import training
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.export import load_drafter
-from tlt_core.rl import drafter_warmup
-from tlt_core.rl.checkpoint_io import write_state
-from tlt_core.rl.drafter_warmup import (OfflineConfig, _draft_vocabulary, _read_shard,
-                                       _record_problem, float32_twin, train_offline)
 from tlt_core.drafting.training import collect_records
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.persistence.checkpoint_io import write_state
+from tlt_core.warmup import responses, training_loop
+from tlt_core.warmup.config import OfflineConfig
+from tlt_core.warmup.draft_vocabulary import draft_vocabulary
+from tlt_core.warmup.offline import train_offline
+from tlt_core.warmup.responses import read_shard
+from tlt_core.warmup.training_loop import float32_twin
+from tlt_core.warmup.work_folder import record_problem
 
 from tests.cli_fixtures import tiny_checkpoint, word
 from tests.speculative_fixtures import tiny_target
@@ -72,7 +76,7 @@ def test_harvested_features_are_the_targets_own(trained, tmp_path):
     """The shards hold what a fresh target pass over the same sequence computes, and the
     loss starts at the prompt's last position."""
     target, folder, _ = trained
-    records, prompt_lengths = _read_shard(folder / "work" / "responses" / "shard-00000", CONFIG)
+    records, prompt_lengths = read_shard(folder / "work" / "responses" / "shard-00000", CONFIG)
     assert prompt_lengths[0] == 5
     fresh = collect_records(target, [records[0].tokens.tolist()], (-1,))[0]
     assert torch.allclose(records[0].features, fresh.features, atol=1e-4, rtol=0)
@@ -82,13 +86,13 @@ def test_draft_vocabulary_is_the_responses_most_used_tokens(trained):
     target, folder, _ = trained
     records, starts = [], []
     for shard in sorted((folder / "work" / "responses").iterdir()):
-        r, p = _read_shard(shard, CONFIG)
+        r, p = read_shard(shard, CONFIG)
         records += r
         starts += p
     counts = torch.zeros(target.config.vocab_size, dtype=torch.int64)
     for record, start in zip(records, starts):
         counts += torch.bincount(record.tokens[start:], minlength=target.config.vocab_size)
-    ids = _draft_vocabulary(records, starts, 3, (7,), target.config.vocab_size)
+    ids = draft_vocabulary(records, starts, 3, (7,), target.config.vocab_size)
     top = set(torch.sort(counts, descending=True, stable=True).indices[:3].tolist())
     assert 7 in ids.tolist() and len(ids) == 3  # a stop id is always in
     assert set(ids.tolist()) - {7} <= top
@@ -108,11 +112,11 @@ def test_an_interrupted_run_resumes_with_the_same_batches(tmp_path, monkeypatch)
             raise KeyboardInterrupt
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr("tlt_core.rl.drafter_warmup.train_step", failing_step)
+    monkeypatch.setattr("tlt_core.warmup.training_loop.train_step", failing_step)
     with pytest.raises(KeyboardInterrupt):
         train_offline(target, data, tmp_path / "again", CONFIG, progress=False,
                       log=lambda line: None)
-    monkeypatch.setattr("tlt_core.rl.drafter_warmup.train_step", real_step)
+    monkeypatch.setattr("tlt_core.warmup.training_loop.train_step", real_step)
     resumed = train_offline(target, data, tmp_path / "again", CONFIG, progress=False,
                             log=lambda line: None)
     assert resumed.steps == whole.steps
@@ -176,9 +180,9 @@ def same_drafters(folder_a, folder_b, target):
 
 
 def counting(monkeypatch):
-    """Counts the shards written and the training steps taken through drafter_warmup."""
+    """Counts the shards written and the training steps taken through the warm-up."""
     counts = {"shards": 0, "steps": 0}
-    real_write, real_step = drafter_warmup._write_shard, drafter_warmup.train_step
+    real_write, real_step = responses.write_shard, training_loop.train_step
 
     def write_shard(*args, **kwargs):
         counts["shards"] += 1
@@ -188,8 +192,8 @@ def counting(monkeypatch):
         counts["steps"] += 1
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(drafter_warmup, "_write_shard", write_shard)
-    monkeypatch.setattr(drafter_warmup, "train_step", step)
+    monkeypatch.setattr(responses, "write_shard", write_shard)
+    monkeypatch.setattr(training_loop, "train_step", step)
     return counts
 
 
@@ -211,7 +215,7 @@ def test_nothing_a_user_gave_is_lost_a_damaged_cache_entry_heals(trained, tmp_pa
     assert any(f"{record} is not valid JSON" in line and "starting it afresh" in line
                for line in logged), logged
     assert counts == {"shards": 2, "steps": CONFIG.steps}  # everything built again
-    assert _record_problem(record, set(json.loads(record.read_text()))) is None
+    assert record_problem(record, set(json.loads(record.read_text()))) is None
     assert same_drafters(out, reference, target)
 
     shard = work / "responses" / "shard-00001"
@@ -241,9 +245,9 @@ def test_nothing_a_user_gave_is_lost_a_damaged_cache_entry_heals(trained, tmp_pa
 def test_a_foreign_work_record_is_told_apart(tmp_path, text, problem):
     path = tmp_path / "run.json"
     path.write_text(text)
-    assert re.search(problem, _record_problem(path, {"temperature", "max_tokens"}))
+    assert re.search(problem, record_problem(path, {"temperature", "max_tokens"}))
     path.write_text('{"temperature": 1.0, "max_tokens": 3}')
-    assert _record_problem(path, {"temperature", "max_tokens"}) is None
+    assert record_problem(path, {"temperature", "max_tokens"}) is None
 
 
 def test_two_concurrent_warm_ups_train_once(tmp_path, monkeypatch):
@@ -253,13 +257,13 @@ def test_two_concurrent_warm_ups_train_once(tmp_path, monkeypatch):
     data = prompts(target)
     counts = counting(monkeypatch)
     training, reports, second_log = threading.Event(), {}, []
-    real_step = drafter_warmup.train_step
+    real_step = training_loop.train_step
 
     def step(*args, **kwargs):
         training.set()
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(drafter_warmup, "train_step", step)
+    monkeypatch.setattr(training_loop, "train_step", step)
 
     def run(name, log):
         reports[name] = train_offline(target, data, tmp_path / "drafter", CONFIG,

@@ -10,14 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tlt_core.model.checkpoint import save_checkpoint
+from tlt_core.cli.export import add_arguments
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
-from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.drafting.export import (EXPORT_FORMATS, export_drafter, load_drafter, load_export,
                                       read_provenance, target_sha256)
-from tlt_core.cli.export import add_arguments
-from tlt_core.model.transformer import ModelConfig, Transformer
 from tlt_core.drafting.tree import Strategy, draft_tree
+from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.model.checkpoint import save_checkpoint
+from tlt_core.model.transformer import ModelConfig, Transformer
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
 
@@ -334,7 +334,7 @@ def test_train_writes_policy_folders_that_export_copies_or_rebuilds(tmp_path, ca
 
     from tests.cli_fixtures import tiny_checkpoint, word
     from tlt_core.cli import main
-    from tlt_core.rl.checkpoint_io import read_state
+    from tlt_core.persistence.checkpoint_io import read_state
 
     model, _ = tiny_checkpoint(tmp_path, with_drafter=False)
     data = tmp_path / "prompts.jsonl"

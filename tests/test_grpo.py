@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
+from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.rl.advantages import group_advantages
 from tlt_core.rl.losses import ppo_clip_loss, response_logprobs
-from tlt_core.drafting.tree import Strategy
 import tlt_core.rl.driver as driver_module
-from tlt_core.rl.driver import RLDriver, Prompt, TrainConfig
+from tlt_core.rl.driver import RLDriver, TrainConfig
 from tlt_core.rl.update import pack_micro_batch
+from tlt_core.tasks.inputs import Prompt
 
 
 def test_advantages_by_hand():

@@ -12,8 +12,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "tlt_core"
 # Lowest first. `_C` (the extension), `_version` and `config_flags` (flags from config
 # dataclasses, standard library only) sit below everything.
-LAYERS = ("_C", "_version", "config_flags", "ops", "model", "drafting", "engine", "adaptive",
-          "workers", "rl", "integrations", "sim", "embedded", "bench", "cli")
+LAYERS = ("_C", "_version", "config_flags", "ops", "persistence", "optim", "model", "drafting",
+          "engine", "adaptive", "workers", "warmup", "tasks", "rl", "outputs", "integrations",
+          "sim", "embedded", "bench", "cli")
 # Only these may import the embedded workload: the toolkit below them works on any model.
 EMBEDDED_USERS = ("embedded", "bench", "cli")
 # Optional third-party dependencies (or version-dependent standard modules), which may be

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.speculative_fixtures import VOCAB, tiny_target
-from tlt_core.rl.checkpoint_io import read_state, write_state
-from tlt_core.rl.master_weights import MasterWeightAdamW
+from tlt_core.optim.master_weights import MasterWeightAdamW
+from tlt_core.persistence.checkpoint_io import read_state, write_state
 
 ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
 MAX_GRAD_NORM = 0.5

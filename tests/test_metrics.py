@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
-from tlt_core.rl.metrics import METRICS, RECORD_FIELDS, MetricsWriter, render_markdown
-from tlt_core.rl.driver import RLDriver, Prompt, TrainConfig
+from tlt_core.outputs.metrics import METRICS, RECORD_FIELDS, MetricsWriter, render_markdown
+from tlt_core.rl.driver import RLDriver, TrainConfig
+from tlt_core.tasks.inputs import Prompt
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -53,7 +54,7 @@ def test_every_emitted_key_is_documented_and_every_documented_key_emitted(record
 
 def test_docs_metrics_md_is_the_table():
     assert DOC.read_text() == render_markdown(), \
-        "regenerate it with tlt_core.rl.metrics.render_markdown() (see its module docstring)"
+        "regenerate it with tlt_core.outputs.metrics.render_markdown() (see its module docstring)"
     for name in list(METRICS) + list(RECORD_FIELDS):
         assert f"| `{name}` |" in DOC.read_text()
 
@@ -147,7 +148,7 @@ def test_tlt_train_writes_jsonl_and_tensorboard(tmp_path, capsys):
     on (skipped without the package), an error naming the package when it is missing."""
     from tests.cli_fixtures import tiny_checkpoint, word
     from tlt_core.cli import main
-    from tlt_core.rl.metrics import tensorboard_available
+    from tlt_core.outputs.metrics import tensorboard_available
 
     model, _ = tiny_checkpoint(tmp_path, with_drafter=False)
     data = tmp_path / "prompts.jsonl"

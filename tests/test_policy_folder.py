@@ -14,7 +14,7 @@ from tlt_core.embedded.workload import load_embedded
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.tokenizer import CheckpointTokenizer
 from tlt_core.model.transformer import ModelConfig, Transformer
-from tlt_core.rl.policy_folder import POLICY_RECORD, SpecialTokenIds, write_policy_folder
+from tlt_core.outputs.policy_folder import POLICY_RECORD, SpecialTokenIds, write_policy_folder
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tlt_core.rl.rewards import (RewardMix, format_reward, math_answer, math_reward,
-                                 normalize_answer, reference_answer)
+from tlt_core.tasks.rewards import (RewardMix, format_reward, math_answer, math_reward,
+                                    normalize_answer, reference_answer)
 
 GSM8K_SOLUTION = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
                   "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n"

@@ -6,7 +6,7 @@ of the inputs), never by calling the function under test another way:
   varied groups, GAE, batch whitening, DAPO's soft overlong penalty;
 - tlt_core.rl.losses: the four loss aggregation modes, the clip-higher PPO loss (values,
   clip counts, gradients), the three KL estimators, the clipped value loss;
-- tlt_core.rl.schedule: warm-up, constant and cosine learning-rate multipliers;
+- tlt_core.optim.schedule: warm-up, constant and cosine learning-rate multipliers;
 - tlt_core.rl.evaluation: unbiased pass@k (also against brute force) and the eval summary;
 - tlt_core.rl.critic: the value model built from the tiny target and the gather of V_t;
 - PPO with gamma = lam = 1 and a zero critic reducing to REINFORCE with the return.
@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from tests.speculative_fixtures import tiny_target
+from tlt_core.optim.schedule import lr_multiplier
 from tlt_core.rl.advantages import gae, group_advantages, overlong_penalty, varied_groups, whiten
 from tlt_core.rl.critic import ValueModel, response_values
 from tlt_core.rl.evaluation import evaluation_metrics, pass_at_k
 from tlt_core.rl.losses import kl_estimate, ppo_clip_loss, token_weights, value_loss
-from tlt_core.rl.schedule import lr_multiplier
 
 F64 = torch.float64
 

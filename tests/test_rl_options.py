@@ -11,8 +11,9 @@ import torch
 import tlt_core.rl.driver as driver_module
 from tests.speculative_fixtures import VOCAB, tiny_target
 from tlt_core.cli import main
-from tlt_core.rl.driver import Prompt, RLDriver, TrainConfig
-from tlt_core.rl.schedule import lr_multiplier
+from tlt_core.optim.schedule import lr_multiplier
+from tlt_core.rl.driver import RLDriver, TrainConfig
+from tlt_core.tasks.inputs import Prompt
 
 GOOD = 7  # the toy task: reward = share of response tokens equal to GOOD
 

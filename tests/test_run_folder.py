@@ -1,7 +1,7 @@
-"""Invariant "nothing a user gave is lost", for `tlt train`'s run folder (tlt_core.cli.run_folder):
-a rerun never replaces an earlier run unasked, --resume never starts afresh, two runs never
-share a folder, and a failed write stops the run with the path, leaving the newest checkpoint
-and the metrics as they were."""
+"""Invariant "nothing a user gave is lost", for `tlt train`'s run folder
+(tlt_core.outputs.run_folder): a rerun never replaces an earlier run unasked, --resume never
+starts afresh, two runs never share a folder, and a failed write stops the run with the path,
+leaving the newest checkpoint and the metrics as they were."""
 
 import errno
 import json
@@ -16,12 +16,12 @@ import time
 import pytest
 import torch
 
-import tlt_core.rl.checkpoint_io as checkpoint_io
+import tlt_core.persistence.checkpoint_io as checkpoint_io
 from tests.cli_fixtures import tiny_checkpoint, word
 from tlt_core.cli import main
-from tlt_core.cli.run_folder import resume_point
-from tlt_core.rl.checkpoint_io import latest_checkpoint, read_state
-from tlt_core.rl.folder_lock import LOCK_FILE, FolderLockedError, folder_lock
+from tlt_core.outputs.run_folder import resume_point
+from tlt_core.persistence.checkpoint_io import latest_checkpoint, read_state
+from tlt_core.persistence.folder_lock import LOCK_FILE, FolderLockedError, folder_lock
 
 # The smallest `tlt train` that exercises every part of a run folder: a 32-token checkpoint,
 # 2 prompts x 2 samples of at most 6 tokens per step (a fraction of a second a step, SD off).
@@ -134,7 +134,7 @@ def test_two_runs_never_share_a_folder(tmp_path, train):
 
     # A process that dies holding the lock (killed: no clean-up) leaves it free.
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from tlt_core.rl.folder_lock import "
+        [sys.executable, "-c", "import sys, time; from tlt_core.persistence.folder_lock import "
          "folder_lock\nwith folder_lock(sys.argv[1], wait=False):\n print('held', flush=True)\n"
          " time.sleep(600)", str(run)], stdout=subprocess.PIPE, text=True)
     try:

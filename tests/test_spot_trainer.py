@@ -12,6 +12,8 @@ import torch
 
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.persistence import checkpoint_io
+from tlt_core.persistence.checkpoint_io import STATE_FILE, TENSORS_FILE, read_state
 from tlt_core.workers.harvest import HarvestBuffer
 from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
 
@@ -79,17 +81,17 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(target, harvest, tmp
 
     interrupted = SpotTrainer(fresh_drafter(target), harvest, config)
     interrupted.train_until(lambda: False, max_steps=6)
-    interrupted.checkpoint(tmp_path / "spot.pt")  # written in the background
+    interrupted.checkpoint(tmp_path / "spot")  # written in the background
     interrupted.train_until(lambda: False, max_steps=2)  # lost work: the checkpoint is from step 6
     interrupted.wait()
     resumed = SpotTrainer(fresh_drafter(target), harvest, config)
-    resumed.resume(tmp_path / "spot.pt")
+    resumed.resume(tmp_path / "spot")
     assert resumed.steps == 6
     resumed.train_until(lambda: False, max_steps=7)
     for (name, a), b in zip(straight.drafter.state_dict().items(),
                             resumed.drafter.state_dict().values()):
         assert torch.equal(a, b), name
-    saved = torch.load(tmp_path / "spot.pt", weights_only=True)
+    saved = read_state(tmp_path / "spot")
     assert not any(k.startswith(("model.", "lm_head")) for k in saved["drafter"])
 
 
@@ -99,46 +101,55 @@ def test_no_data_and_bad_config(target):
     with pytest.raises(ValueError, match="lr"):
         SpotConfig(lr=0)
     with pytest.raises(FileNotFoundError, match="path"):
-        trainer.resume("/nonexistent/spot.pt")
+        trainer.resume("/nonexistent/spot")
 
 
 def test_nothing_a_user_gave_is_lost_and_nothing_loaded_runs_code(target, harvest, tmp_path,
                                                                     monkeypatch):
     """A checkpoint write that fails (disk full) is raised by wait(), naming the path, and
-    leaves the previous checkpoint and no temporary; a pickle with a live payload is refused by
-    resume and the payload never runs."""
+    leaves the previous checkpoint and no temporary; a pickle with a live payload, as the path
+    or as a file of the folder, is refused by resume and the payload never runs."""
     from tests.test_checkpoint_io import Payload
 
     trainer = SpotTrainer(fresh_drafter(target), harvest, SpotConfig(batch_tokens=128))
     trainer.train_until(lambda: False, max_steps=2)
-    path = tmp_path / "spot.pt"
+    path = tmp_path / "spot"
     trainer.checkpoint(path)
     trainer.wait()
-    before = path.read_bytes()
-    real_save = torch.save
+    before = {name: (path / name).read_bytes() for name in (STATE_FILE, TENSORS_FILE)}
+    real_save = checkpoint_io.save_file
 
-    def disk_full(state, file):
-        real_save(state, file)
+    def disk_full(tensors, file, **kwargs):
+        real_save(tensors, file, **kwargs)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(torch, "save", disk_full)
+    monkeypatch.setattr(checkpoint_io, "save_file", disk_full)
     trainer.train_until(lambda: False, max_steps=1)
     trainer.checkpoint(path)
     with pytest.raises(OSError, match=f"cannot write {path}: No space left on device"):
         trainer.wait()
     monkeypatch.undo()
     trainer.wait()  # reported once
-    assert path.read_bytes() == before and os.listdir(tmp_path) == ["spot.pt"]
+    assert {name: (path / name).read_bytes() for name in before} == before
+    assert os.listdir(tmp_path) == ["spot"]
     resumed = SpotTrainer(fresh_drafter(target), harvest, SpotConfig(batch_tokens=128))
     resumed.resume(path)
     assert resumed.steps == 2
 
     marker = tmp_path / "payload-ran"
-    real_save({"drafter": {}, "x": Payload(marker)}, tmp_path / "planted.pt")
-    with pytest.raises(ValueError, match="planted.pt is not a spot-trainer checkpoint.*"
-                                         "Unsupported global"):
+    torch.save({"drafter": {}, "x": Payload(marker)}, tmp_path / "planted.pt")
+    with pytest.raises(ValueError, match="planted.pt is not a spot-trainer checkpoint"):
         resumed.resume(tmp_path / "planted.pt")
-    (tmp_path / "torn.pt").write_bytes(before[:len(before) // 2])
-    with pytest.raises(ValueError, match="torn.pt is not a spot-trainer checkpoint"):
-        resumed.resume(tmp_path / "torn.pt")
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / STATE_FILE).write_bytes(before[STATE_FILE])
+    torch.save({"x": Payload(marker)}, planted / TENSORS_FILE)
+    with pytest.raises(ValueError, match="planted is not a spot-trainer checkpoint"):
+        resumed.resume(planted)
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / STATE_FILE).write_bytes(before[STATE_FILE])
+    (torn / TENSORS_FILE).write_bytes(before[TENSORS_FILE][:len(before[TENSORS_FILE]) // 2])
+    with pytest.raises(ValueError, match="torn is not a spot-trainer checkpoint"):
+        resumed.resume(torn)
     assert not marker.exists() and resumed.steps == 2

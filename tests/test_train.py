@@ -10,13 +10,14 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
-from tlt_core.rl.data import DataError, load_prompts
 from tlt_core.adaptive.policy import AdaptivePolicy
 from tlt_core.adaptive.sd_switch import SDSwitch
 from tlt_core.drafting.tree import Strategy
-from tlt_core.rl.rewards import math_answer, math_reward, normalize_answer, score_all
-from tlt_core.rl.checkpoint_io import latest_checkpoint
-from tlt_core.rl.driver import RLDriver, Prompt, TrainConfig
+from tlt_core.persistence.checkpoint_io import latest_checkpoint
+from tlt_core.rl.driver import RLDriver, TrainConfig
+from tlt_core.tasks.data import DataError, load_prompts
+from tlt_core.tasks.inputs import Prompt
+from tlt_core.tasks.rewards import math_answer, math_reward, normalize_answer, score_all
 
 GOOD = 7  # the toy task: reward = share of response tokens equal to GOOD
 

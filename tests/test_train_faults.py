@@ -18,7 +18,7 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.test_run_folder import tiny_train_argv, tiny_train_inputs
-from tlt_core.rl.checkpoint_io import TEMPORARY_MARK, latest_checkpoint, step_folders
+from tlt_core.persistence.checkpoint_io import TEMPORARY_MARK, latest_checkpoint, step_folders
 
 STEPS = 12
 DEADLINE_S = 90  # per attempt: a hung run fails the test instead of hanging it

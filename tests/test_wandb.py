@@ -1,4 +1,4 @@
-"""wandb, the optional logger (tlt_core.rl.wandb_logger): an offline run holds exactly the
+"""wandb, the optional logger (tlt_core.outputs.wandb_logger): an offline run holds exactly the
 scalars of metrics.jsonl under the same names, at wandb step = the record's step, and the
 response lengths as a histogram; a resumed run continues the same wandb run, logging only the
 steps it lacks; the run is finished (failed when an exception ended it); rank != 0 writes
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tlt_core.rl.metrics import METRICS, RECORD_FIELDS, MetricsWriter
-from tlt_core.rl.wandb_logger import (WANDB_DIR, WANDB_RUN_ID_FILE, WandbError, WandbLogger,
-                                      WandbSettings, wandb_available)
+from tlt_core.outputs.metrics import METRICS, RECORD_FIELDS, MetricsWriter
+from tlt_core.outputs.wandb_logger import (WANDB_DIR, WANDB_RUN_ID_FILE, WandbError, WandbLogger,
+                                           WandbSettings, wandb_available)
 
 needs_wandb = pytest.mark.skipif(not wandb_available(), reason="the wandb package is not "
                                  "installed (pip install wandb)")
@@ -330,8 +330,8 @@ def watch(event, args):
             not (event == "socket.connect" and args[0].family == socket.AF_UNIX):
         os.write(2, f"TOUCHED {event} {args[:2]!r}\\n".encode())
 sys.addaudithook(watch)
-from tlt_core.rl.metrics import MetricsWriter, METRICS
-from tlt_core.rl.wandb_logger import WandbSettings
+from tlt_core.outputs.metrics import MetricsWriter, METRICS
+from tlt_core.outputs.wandb_logger import WandbSettings
 with MetricsWriter(sys.argv[1], wandb=WandbSettings("tlt-test", mode="offline")) as writer:
     writer.write({"step": 0, **{name: 1.0 for name in METRICS}, "response_lengths": [3]})
 """
@@ -371,7 +371,7 @@ def test_tlt_train_writes_an_offline_run_and_overwrite_clears_it(tmp_path, capsy
     """The embedded default, one small step: the run holds the step's metrics.jsonl scalars,
     named after --out, with the run's config; --overwrite's clear_run deletes wandb's files."""
     from tlt_core.cli import main
-    from tlt_core.cli.run_folder import clear_run, run_parts
+    from tlt_core.outputs.run_folder import clear_run, run_parts
 
     out = tmp_path / "run"
     assert main(["train", "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt",

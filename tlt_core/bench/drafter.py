@@ -16,7 +16,7 @@ these questions in its own words, which is what its offline drafter learned (`tl
 train`: the model's own responses); the fine-tuning moves its responses toward GSM8K's
 notation. AdamW (lr MODEL_DRIFT_LR, gradients clipped to norm 1, MODEL_DRIFT_BATCH sequences a
 step) on float32 master weights when the checkpoint is bf16 or fp16
-(tlt_core.rl.master_weights: AdamW's small updates would round away in bf16). The rounds roll out
+(tlt_core.optim.master_weights: AdamW's small updates would round away in bf16). The rounds roll out
 the workload's prompts (`--data`, or the arithmetic problems of seed 1), a fresh slice each
 round, ending at the model's end-of-turn ids or `max_tokens`.
 
@@ -83,8 +83,8 @@ from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import load_checkpoint, save_checkpoint
 from tlt_core.model.prompt_format import load_prompt_format
 from tlt_core.model.transformer import Transformer
-from tlt_core.rl import arithmetic_problems
-from tlt_core.rl.master_weights import MasterWeightAdamW
+from tlt_core.optim.master_weights import MasterWeightAdamW
+from tlt_core.tasks import arithmetic_problems
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.harvest import HarvestBuffer
 from tlt_core.workers.idle import IdleDetector

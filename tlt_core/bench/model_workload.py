@@ -2,7 +2,7 @@
 one way for every `tlt bench ... --model DIR` (the embedded model is the default elsewhere).
 
 Prompts are the data set's (`--data FILE`) or, with none, the project's own GSM8K-style
-arithmetic problems (tlt_core.rl.arithmetic_problems: no download), through the checkpoint's
+arithmetic problems (tlt_core.tasks.arithmetic_problems: no download), through the checkpoint's
 prompt format (its chat template unless told otherwise), and every response stops at the
 model's end-of-turn ids, as a rollout does. `label` names the model in every result row, so a
 reader can tell the real model's numbers from the embedded model's.
@@ -26,8 +26,8 @@ from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.placement import Placement
 from tlt_core.model.prompt_format import load_prompt_format
-from tlt_core.rl.arithmetic_problems import generate_problems
-from tlt_core.rl.data import Example, load_prompts
+from tlt_core.tasks.arithmetic_problems import generate_problems
+from tlt_core.tasks.data import Example, load_prompts
 
 EMBEDDED_LABEL = "embedded (8 layers, 1.6M parameters)"
 DEFAULT_PROBLEMS_SEED = 1  # not tlt data arithmetic's default seed 0, the drafter's training set

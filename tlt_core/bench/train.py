@@ -23,8 +23,8 @@ from tqdm import tqdm
 from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions
 from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.embedded.workload import train_inputs
-from tlt_core.rl.inputs import TrainInputs
 from tlt_core.rl.driver import RLDriver, TrainConfig
+from tlt_core.tasks.inputs import TrainInputs
 
 RUNS = (("tlt", True, 0), ("off", False, 0), ("off_seed2", False, 1))
 

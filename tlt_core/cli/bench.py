@@ -26,20 +26,20 @@ from tlt_core.bench import prefill as bench_prefill
 from tlt_core.bench import rollout as bench_rollout
 from tlt_core.bench import simulate as bench_simulate
 from tlt_core.bench import speculative as bench_speculative
-from tlt_core.bench.model_workload import (DEFAULT_PROBLEMS_SEED, EMBEDDED_LABEL,
-                                           ModelWorkload, PerWorkload, load_model_workload,
-                                           model_label)
 from tlt_core.bench import train as bench_train
+from tlt_core.bench.model_workload import (DEFAULT_PROBLEMS_SEED, EMBEDDED_LABEL,
+                                            ModelWorkload, PerWorkload, load_model_workload,
+                                            model_label)
+from tlt_core.cli.model_options import placement_from_args
 from tlt_core.embedded.task import length_stats
 from tlt_core.embedded.workload import load_embedded, load_pretrained
-from tlt_core.model.checkpoint import load_checkpoint
-from tlt_core.cli.model_options import placement_from_args
 from tlt_core.engine.records import SamplingParams
+from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.gguf_convert import cache_root
-from tlt_core.rl.arithmetic_problems import generate_problems, write_jsonl
-from tlt_core.rl.driver import TrainConfig
-from tlt_core.rl.inputs import TrainInputs, checkpoint_inputs
+from tlt_core.rl.config import TrainConfig
 from tlt_core.sim.simulator import load_calibration
+from tlt_core.tasks.arithmetic_problems import generate_problems, write_jsonl
+from tlt_core.tasks.inputs import TrainInputs, checkpoint_inputs
 
 
 def model_workload(args: argparse.Namespace, command: str, *,

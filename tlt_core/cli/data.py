@@ -1,5 +1,5 @@
 """`tlt data arithmetic OUT`: the project's own GSM8K-style arithmetic word problems as JSON
-Lines (tlt_core.rl.arithmetic_problems), for `tlt train --model DIR --data OUT` without any
+Lines (tlt_core.tasks.arithmetic_problems), for `tlt train --model DIR --data OUT` without any
 download: "question" is the prompt, "answer" a worked solution ending in `#### N`.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tlt_core.rl.arithmetic_problems import generate_problems, write_jsonl
+from tlt_core.tasks.arithmetic_problems import generate_problems, write_jsonl
 
 
 def add_parsers(commands) -> None:

@@ -1,5 +1,5 @@
 """`tlt drafter train --model DIR --data FILE --out DIR`: an EAGLE drafter for any local
-checkpoint, trained offline on the model's own responses (tlt_core.rl.drafter_warmup), ready for
+checkpoint, trained offline on the model's own responses (tlt_core.warmup.offline), ready for
 every `--drafter` flag.
 
 The prompts go through the same prompt format `tlt train` uses (chat template, system prompt),
@@ -16,10 +16,11 @@ from pathlib import Path
 
 from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_arguments,
                                         placement_from_args)
-from tlt_core.rl.drafter_warmup import OfflineConfig, train_offline
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.prompt_format import load_prompt_format
-from tlt_core.rl.data import load_prompts
+from tlt_core.tasks.data import load_prompts
+from tlt_core.warmup.config import OfflineConfig
+from tlt_core.warmup.offline import train_offline
 
 DEFAULTS = OfflineConfig()
 

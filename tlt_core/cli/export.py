@@ -16,7 +16,7 @@ for the embedded architecture, measured here in a few seconds: greedy rollouts o
 embedded-task problems with a (6,1,7) chain strategy.
 
 policy: the policy after step N (--step; default: the newest step saved) as a folder
-transformers loads (tlt_core.rl.policy_folder): a copy of the run's policy/step-NNNNNN when
+transformers loads (tlt_core.outputs.policy_folder): a copy of the run's policy/step-NNNNNN when
 `tlt train` wrote it, else rebuilt from checkpoints/step-NNNNNN (the checkpoint records the
 policy's architecture; the tokenizer comes from the run's tokenizer/ folder). OUT is replaced
 only if it is an earlier export (it holds tlt_policy.json) or empty.
@@ -29,7 +29,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from tlt_core.cli.run_folder import CHECKPOINTS_DIR, OLD_CHECKPOINT, POLICY_DIR, TOKENIZER_DIR
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, exportable
 from tlt_core.drafting.tree import Strategy
@@ -40,9 +39,10 @@ from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.tokenizer import CheckpointTokenizer
 from tlt_core.model.transformer import ModelConfig, Transformer
-from tlt_core.rl.checkpoint_io import (STATE_FILE, atomic_folder, latest_checkpoint, read_state,
-                                       step_folders)
-from tlt_core.rl.policy_folder import POLICY_RECORD, SpecialTokenIds, write_policy_folder
+from tlt_core.outputs.policy_folder import POLICY_RECORD, SpecialTokenIds, write_policy_folder
+from tlt_core.outputs.run_folder import CHECKPOINTS_DIR, OLD_CHECKPOINT, POLICY_DIR, TOKENIZER_DIR
+from tlt_core.persistence.checkpoint_io import (STATE_FILE, atomic_folder, latest_checkpoint,
+                                                read_state, step_folders)
 
 ACCEPTANCE_PROBLEMS, ACCEPTANCE_SEED = 16, 4242  # held out: training and benches use others
 

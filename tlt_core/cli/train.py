@@ -2,14 +2,15 @@
 
 Writes, under --out (OUT; `OUT/baseline/` holds the same for --compare's SD-off run):
 - metrics.jsonl, one line per step, and, when the tensorboard package is installed, TensorBoard
-  event files beside it (names and units: tlt_core.rl.metrics, docs/metrics.md); with
+  event files beside it (names and units: tlt_core.outputs.metrics, docs/metrics.md); with
   --wandb-project, the same metrics to a Weights & Biases run too, its local files in wandb/
   and its id in wandb_run_id (--resume continues that run; --compare's baseline is a second
   run, NAME-baseline, in the group NAME);
 - checkpoints/step-NNNNNN/ after every step (the state after NNNNNN steps, for --resume;
-  tlt_core.rl.checkpoint_io: safetensors and JSON, atomic), the newest --keep-checkpoints kept;
+  tlt_core.persistence.checkpoint_io: safetensors and JSON, atomic), the newest
+  --keep-checkpoints kept;
 - policy/step-NNNNNN/, the policy as a Hugging Face folder transformers loads
-  (tlt_core.rl.policy_folder), after the last step and every --save-every steps; each folder
+  (tlt_core.outputs.policy_folder), after the last step and every --save-every steps; each folder
   written is printed (there is no "latest" link);
 - tokenizer/, the --model checkpoint's tokenizer, once (`tlt export policy` rebuilds a policy
   folder from a checkpoint with it);
@@ -18,7 +19,7 @@ Ctrl-C (or a killed rank) loses at most the step in progress; the message says h
 A write that fails (disk full, no permission) stops the run with the path it could not write,
 leaving the newest complete checkpoint and metrics.jsonl as they were. Rank 0 writes.
 
-What a run does to an existing OUT (tlt_core.cli.run_folder): one that holds an earlier run is
+What a run does to an existing OUT (tlt_core.outputs.run_folder): one that holds an earlier run is
 refused unless --resume (continue from its newest checkpoint; refused where there is none) or
 --overwrite (delete the earlier run's parts first); a folder another run is using is refused,
 naming its pid.
@@ -40,18 +41,18 @@ from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_argu
                                         placement_from_args)
 from tlt_core.cli.local_ranks import run_local_ranks, under_a_launcher
 from tlt_core.cli.options import add_dataclass_arguments, dataclass_from_args
-from tlt_core.cli.run_folder import (BASELINE_DIR, CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR,
-                                     RunFolderError, clear_run, hold_run_folder, resume_point)
 from tlt_core.embedded.workload import train_inputs
-from tlt_core.rl.checkpoint_io import atomic_folder, latest_checkpoint, step_folder_name
+from tlt_core.outputs.metrics import MetricsWriter, tensorboard_available
+from tlt_core.outputs.policy_folder import SpecialTokenIds, write_policy_folder
+from tlt_core.outputs.report import summarize, write_report
+from tlt_core.outputs.run_folder import (BASELINE_DIR, CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR,
+                                         RunFolderError, clear_run, hold_run_folder, resume_point)
+from tlt_core.outputs.wandb_logger import WANDB_MODES, WandbError, WandbSettings, wandb_available
+from tlt_core.persistence.checkpoint_io import atomic_folder, latest_checkpoint, step_folder_name
 from tlt_core.rl.config import CHOICES, TrainConfig
 from tlt_core.rl.driver import RLDriver
-from tlt_core.rl.inputs import TrainInputs, checkpoint_inputs, load_reward
-from tlt_core.rl.metrics import MetricsWriter, tensorboard_available
-from tlt_core.rl.policy_folder import SpecialTokenIds, write_policy_folder
-from tlt_core.rl.report import summarize, write_report
-from tlt_core.rl.rewards import RewardMix, math_reward
-from tlt_core.rl.wandb_logger import WANDB_MODES, WandbError, WandbSettings, wandb_available
+from tlt_core.tasks.inputs import TrainInputs, checkpoint_inputs, load_reward
+from tlt_core.tasks.rewards import RewardMix, math_reward
 
 
 

@@ -4,24 +4,27 @@ responses to task prompts, before any RL step.
 The training set is `num_problems` task prompts answered by the target at temperature 1, one
 target pass over each full sequence for its features (`tlt_core.drafting.collect_records`);
 then `steps` AdamW steps on random batches of those records, the learning rate on a cosine from
-lr to lr / 10. Deterministic for a seed on one machine, like pre-training.
+lr to lr / 10, in the warm-up's training loop (tlt_core.warmup.training_loop.train_steps).
+Deterministic for a seed on one machine, like pre-training.
 """
 
 from __future__ import annotations
 
-import math
+import functools
+import itertools
 import random
 import time
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
-from tlt_core.drafting.training import collect_records, make_batch, make_optimizer, train_step
+from tlt_core.drafting.training import collect_records, make_batch, make_optimizer
 from tlt_core.embedded.pretrain import sample_responses
 from tlt_core.embedded.task import TaskConfig, generate_problems
 from tlt_core.model.transformer import Transformer
+from tlt_core.optim.schedule import learning_rate
+from tlt_core.warmup.training_loop import train_steps
 
 
 @dataclass(frozen=True)
@@ -56,19 +59,14 @@ def train_offline_drafter(target: Transformer,
     records = collect_records(target, [list(r.prompt_ids) + r.tokens.tolist() for r in rollouts],
                               config.feature_layers)
     drafter = Drafter(target, DrafterConfig(config.feature_layers, config.form))
-    optimizer = make_optimizer(drafter, config.lr)
     order = random.Random(config.seed)
-    history, start = [], time.perf_counter()
-    bar = tqdm(total=config.steps, disable=not progress, unit="step",
-               desc="training the embedded drafter")
-    for step in range(config.steps):
-        for group in optimizer.param_groups:  # cosine from lr to lr / 10
-            group["lr"] = config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / config.steps)))
-        history.append(train_step(drafter, optimizer,
-                                  make_batch(order.sample(records, config.batch_size))))
-        bar.update()
-        bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", top1=f"{history[-1]['top1']:.3f}")
-    bar.close()
+    batches = (make_batch(order.sample(records, config.batch_size)) for _ in itertools.count())
+    lr_at = functools.partial(learning_rate, lr=config.lr, steps=config.steps,
+                              scheduler="cosine", min_lr_ratio=0.1)
+    start = time.perf_counter()
+    history = train_steps(drafter, make_optimizer(drafter, config.lr), batches,
+                          steps=config.steps, lr_at=lr_at, progress=progress,
+                          desc="training the embedded drafter")
     tail = history[-50:]
     report = OfflineDrafterReport(config.steps, time.perf_counter() - start,
                                   sum(h["loss"] for h in tail) / len(tail),

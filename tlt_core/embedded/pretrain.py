@@ -26,6 +26,7 @@ from tlt_core.embedded.task import (CharTokenizer, Problem, TaskConfig, check_an
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, Rollout, SamplingParams
 from tlt_core.model.transformer import ModelConfig, Transformer
+from tlt_core.optim.schedule import learning_rate
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,6 @@ def _init_weights(model: Transformer) -> None:
             torch.nn.init.normal_(parameter, std=std)
 
 
-def _learning_rate(config: PretrainConfig, step: int) -> float:
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def pretrain(config: PretrainConfig = PretrainConfig(),
              model_config: ModelConfig = EMBEDDED_MODEL_CONFIG, *, progress: bool = True
              ) -> tuple[Transformer, list[float], int, float]:
@@ -101,7 +95,9 @@ def pretrain(config: PretrainConfig = PretrainConfig(),
             if len(losses) == config.steps:
                 break
             for group in optimizer.param_groups:
-                group["lr"] = _learning_rate(config, len(losses))
+                group["lr"] = learning_rate(len(losses), lr=config.lr, steps=config.steps,
+                                            warmup_steps=config.warmup_steps,
+                                            scheduler="cosine", min_lr_ratio=0.1)
             positions = torch.arange(input_ids.shape[1])[None].expand_as(input_ids)
             logits = model(input_ids[:, :-1], positions[:, :-1]).logits  # (B, T-1, V)
             targets = loss_mask[:, 1:]  # (B, T-1): logits at t predict token t + 1

@@ -36,8 +36,7 @@ from tlt_core.embedded.pretrain import PretrainConfig, PretrainReport, evaluate,
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems, parse_answer
 from tlt_core.model.checkpoint import load_checkpoint, save_checkpoint
 from tlt_core.model.transformer import ModelConfig, Transformer
-from tlt_core.rl.driver import Prompt
-from tlt_core.rl.inputs import TrainInputs
+from tlt_core.tasks.inputs import Prompt, TrainInputs
 
 SHIPPED_ROOT = Path(__file__).resolve().parent / "weights"
 PROVENANCE_FILE = "PROVENANCE.json"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tlt_core.config_flags import option
 from tlt_core.rl.advantages import REWARD_SCALINGS
 from tlt_core.rl.losses import KL_ESTIMATORS, LOSS_AGG_MODES
-from tlt_core.rl.schedule import LR_SCHEDULERS
+from tlt_core.optim.schedule import LR_SCHEDULERS
 
 OLD_LOGPROBS = ("auto", "rollout", "recompute")
 ALGORITHMS = ("grpo", "ppo")
@@ -35,7 +35,7 @@ class TrainConfig:
     algorithm: str = option("grpo (group-relative advantages) or ppo (GAE over a critic: a copy "
                             "of the policy's decoder with a value head, its own optimizer)",
                             "grpo")
-    # the policy's optimizer and schedule (tlt_core.rl.schedule)
+    # the policy's optimizer and schedule (tlt_core.optim.schedule)
     lr: float = option("AdamW learning rate (the peak of the schedule)", 5e-5)
     lr_scheduler_type: str = option("learning-rate schedule after the warm-up: constant or "
                                     "cosine, per RL step", "constant")

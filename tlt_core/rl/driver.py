@@ -31,13 +31,13 @@ One step:
    (a rollback it asks for is loaded here).
 5. Every `eval_every` steps, the held-out prompts are sampled `eval_samples` times each with the
    same engine (SD on when TLT is) and scored: mean reward and pass@k of the updated policy.
-6. The step's metrics (tlt_core.rl.metrics names them); `state_dict` checkpoints everything
+6. The step's metrics (tlt_core.outputs.metrics names them); `state_dict` checkpoints everything
    that evolves: policy, optimizer, critic and its optimizer, reference, drafter, spot trainer,
    adaptive policy, RNG, step, the data cursor. `save` writes it as a step folder
-   (tlt_core.rl.checkpoint_io: safetensors and JSON, no pickle, atomic, the newest K kept),
+   (tlt_core.persistence.checkpoint_io: safetensors and JSON, no pickle, atomic, the newest K kept),
    `resume` reads one back.
 
-The learning rate follows tlt_core.rl.schedule (warm-up, then constant or cosine), per step.
+The learning rate follows tlt_core.optim.schedule (warm-up, then constant or cosine), per step.
 
 Determinism: sampling seeds come from (seed, step, prompt), so with SD off (or a fixed plan) a
 resumed run repeats an uninterrupted one exactly; with the adaptive loop the plan choices depend
@@ -65,18 +65,19 @@ from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams, seconds_at_or_below
 from tlt_core.engine.sampling import sample_seed
 from tlt_core.model.transformer import Transformer
+from tlt_core.optim.master_weights import MasterWeightAdamW
+from tlt_core.optim.schedule import lr_multiplier
+from tlt_core.persistence.checkpoint_io import read_state, write_checkpoint
 from tlt_core.rl.advantages import gae, group_advantages, overlong_penalty, varied_groups, whiten
-from tlt_core.rl.checkpoint_io import read_state, write_checkpoint
+from tlt_core.rl.config import TrainConfig
 from tlt_core.rl.critic import ValueModel, response_values
 from tlt_core.rl.evaluation import PASS_AT_K, evaluation_metrics
-from tlt_core.rl.config import TrainConfig
 from tlt_core.rl.losses import (LossParts, kl_estimate, ppo_clip_loss, response_logprobs,
                                 value_loss)
-from tlt_core.rl.master_weights import MasterWeightAdamW
-from tlt_core.rl.rewards import RewardFn, score_all
-from tlt_core.rl.schedule import lr_multiplier
 from tlt_core.rl.update import (BeforeUpdate, MicroBatch, UpdatePlan, UpdateTotals, ValueParts,
                                 micro_batch_weights, pack_micro_batch, plan_update)
+from tlt_core.tasks.inputs import Prompt
+from tlt_core.tasks.rewards import RewardFn, score_all
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.harvest import HarvestBuffer
 from tlt_core.workers.refresh import refresh
@@ -86,13 +87,6 @@ from tlt_core.workers.watchdog import DrafterWatchdog
 
 TAIL_FRACTION = 0.25  # the tail: the running batch at or below this share of the step's peak
 EVAL_SEED_STEP = -1  # evaluation samples use the seeds of this step index: the same every pass
-
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str  # what the reward function sees
-    ids: tuple[int, ...]  # what the model sees
-    reference: str  # the reference answer
 
 
 @dataclass
@@ -141,7 +135,7 @@ class RLDriver:
             raise ValueError(f"minibatch_size: {config.minibatch_size} is below the number of "
                              f"ranks ({self.group.world_size}); every rank needs a sequence")
         torch.manual_seed(config.seed)
-        # bf16/fp16 policies train with float32 master weights (tlt_core.rl.master_weights)
+        # bf16/fp16 policies train with float32 master weights (tlt_core.optim.master_weights)
         self.optimizer = MasterWeightAdamW(policy.parameters(), lr=config.lr, betas=(0.9, 0.95),
                                            weight_decay=0.0)
         self.critic = self.critic_optimizer = None
@@ -623,7 +617,7 @@ class RLDriver:
 
     def save(self, directory: str | Path, *, keep: int = 2) -> Path | None:
         """Writes this step's checkpoint as directory/step-NNNNNN (NNNNNN = steps done) and
-        keeps the newest `keep` (tlt_core.rl.checkpoint_io.write_checkpoint); rank 0 writes and
+        keeps the newest `keep` (tlt_core.persistence.checkpoint_io.write_checkpoint); rank 0 writes and
         returns the folder, the other ranks return None."""
         if self.group.rank != 0:
             return None

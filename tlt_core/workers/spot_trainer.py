@@ -13,31 +13,26 @@ buffer).
 
 Checkpoints are asynchronous: the tensors are copied at the call (the only cost on the caller),
 a background thread writes them; `wait()` joins it, and raises what the write raised (an OSError
-naming the path: disk full, no permission). The file is written beside its path under a
-temporary name, fsync'd and renamed over it: a reader, or a process killed mid-write, sees the
-previous checkpoint or the new one, and a failed write leaves no temporary behind. `resume`
-reads with `torch.load(weights_only=True)`, whose unpickler builds only tensors and plain
-containers (torch's allow-list): a planted pickle is refused, never run.
+naming the path: disk full, no permission). A checkpoint is a folder of safetensors and JSON
+written atomically (tlt_core.persistence.checkpoint_io.write_state): a reader, or a process
+killed mid-write, sees the previous checkpoint or the new one, and a failed write leaves no
+temporary behind. `resume` reads it back without running code (no pickle): anything else at
+the path is refused, naming it.
 """
 
 from __future__ import annotations
 
 import copy
-import os
-import pickle
 import random
-import re
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.training import TOKEN_WEIGHT, DraftBatch, make_optimizer, train_step
+from tlt_core.persistence.checkpoint_io import read_state, write_state
 from tlt_core.workers.harvest import HarvestBuffer
 
 
@@ -124,17 +119,17 @@ class SpotTrainer:
         self.steps = int(state["steps"])
 
     def checkpoint(self, path: str | Path) -> None:
-        """Saves asynchronously: copies now, writes on a background thread (one at a time)."""
+        """Saves to the folder `path` asynchronously: copies now, writes on a background thread
+        (one at a time)."""
         self.wait()
         state, path = self.state_dict(), Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
 
         def write():
             try:
-                _write_atomically(state, path)
-            except OSError as error:
-                self._write_error = OSError(error.errno, f"spot trainer: cannot write {path}: "
-                                                         f"{error.strerror or error}")
+                write_state(state, path)
+            except OSError as error:  # write_state's names the path
+                self._write_error = OSError(error.errno,
+                                            f"spot trainer: {error.strerror or error}")
 
         self._writer = threading.Thread(target=write, name="spot-checkpoint", daemon=True)
         self._writer.start()
@@ -149,34 +144,16 @@ class SpotTrainer:
             raise error
 
     def resume(self, path: str | Path) -> None:
+        """Loads the checkpoint folder `checkpoint` wrote at `path`."""
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"path: no spot-trainer checkpoint at {path}")
         try:
-            state = torch.load(path, weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
-            # torch's message goes on to suggest turning the safe loader off, which would run
-            # the payload: only its reason is kept
-            found = re.search(r"WeightsUnpickler error: (.*?)(?:\. |$)", str(error), re.M)
-            reason = found.group(1) if found else f"{type(error).__name__}: it is damaged"
-            raise ValueError(f"path: {path} is not a spot-trainer checkpoint, which holds only "
-                             f"tensors and plain containers ({reason}); give a file that "
-                             "SpotTrainer.checkpoint wrote") from None
+            state = read_state(path)
+            missing = sorted({"drafter", "optimizer", "steps"} - state.keys())
+            if missing:
+                raise ValueError(f"it lacks {', '.join(missing)}")
+        except (FileNotFoundError, ValueError) as error:
+            raise ValueError(f"path: {path} is not a spot-trainer checkpoint ({error}); give a "
+                             "folder that SpotTrainer.checkpoint wrote") from None
         self.load_state_dict(state)
-
-
-def _write_atomically(state: dict, path: Path) -> None:
-    """torch.save(state, path) through a temporary sibling, fsync'd and renamed over path; the
-    temporary is deleted when the write fails."""
-    temporary = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
-    try:
-        torch.save(state, temporary)
-        descriptor = os.open(temporary, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise

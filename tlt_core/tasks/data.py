@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from tlt_core.rl.rewards import reference_answer
+from tlt_core.tasks.rewards import reference_answer
 
 PROMPT_KEYS = ("prompt", "question", "problem", "messages")
 ANSWER_KEYS = ("answer", "solution", "reference")

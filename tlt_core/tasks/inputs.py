@@ -1,5 +1,6 @@
 """What the RL driver trains on, as one record: the policy, its drafter (or None: the adaptive
-loop then uses suffix-match drafts only), prompts with reference answers, the reward function,
+loop then uses suffix-match drafts only), prompts with reference answers (`Prompt`: the text the
+reward function sees, the ids the model sees, the reference), the reward function,
 and the tokenizer's text side. `checkpoint_inputs` builds it from a local Hugging Face
 checkpoint and a prompt file; `tlt_core.embedded.train_inputs` from the embedded workload.
 """
@@ -19,9 +20,15 @@ from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.placement import Placement
 from tlt_core.model.prompt_format import load_prompt_format
 from tlt_core.model.tokenizer import CheckpointTokenizer
-from tlt_core.rl.data import load_prompts
-from tlt_core.rl.driver import Prompt
-from tlt_core.rl.rewards import RewardFn, math_reward
+from tlt_core.tasks.data import load_prompts
+from tlt_core.tasks.rewards import RewardFn, math_reward
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str  # what the reward function sees
+    ids: tuple[int, ...]  # what the model sees
+    reference: str  # the reference answer
 
 
 @dataclass
@@ -48,7 +55,7 @@ def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_
                       answer_key: str | None = None, split: str | None = None,
                       eval_data_path: str | Path | None = None) -> TrainInputs:
     """A local Hugging Face checkpoint (its tokenizer and chat template included) and a prompt
-    data set (tlt_core.rl.data.load_prompts), in `placement` (default: float32 on the CPU);
+    data set (tlt_core.tasks.data.load_prompts), in `placement` (default: float32 on the CPU);
     held-out prompts from `eval_data_path` (same fields) when given.
     Prompts go through the prompt format `chat_template` names (tlt_core.model.prompt_format);
     a messages-style prompt needs a template."""

@@ -3,8 +3,8 @@ AutoModelForCausalLM and AutoTokenizer load, with the logits of the policy as tr
 tokenizer's ids and chat template.
 
 `write_policy_folder(policy, folder, tokenizer=..., step=...)` writes, atomically
-(tlt_core.rl.checkpoint_io.atomic_folder: a reader never sees part of a folder; a failed write
-leaves the previous one):
+(tlt_core.persistence.checkpoint_io.atomic_folder: a reader never sees part of a folder; a failed
+write leaves the previous one):
 - `config.json` and `model.safetensors` (tlt_core.model.checkpoint.save_checkpoint), the
   weights in the policy's dtype; config.json carries bos_token_id / eos_token_id /
   pad_token_id;
@@ -27,7 +27,7 @@ from tlt_core._version import __version__
 from tlt_core.model.checkpoint import save_checkpoint
 from tlt_core.model.tokenizer import CheckpointTokenizer
 from tlt_core.model.transformer import Transformer
-from tlt_core.rl.checkpoint_io import atomic_folder
+from tlt_core.persistence.checkpoint_io import atomic_folder
 
 POLICY_RECORD = "tlt_policy.json"
 GENERATION_CONFIG = "generation_config.json"

@@ -15,8 +15,8 @@ Nothing a user gave is lost (`resume_point`):
   finished (no checkpoint, no metrics), it starts fresh, so that a --compare run interrupted
   before its baseline's first step resumes;
 - --overwrite deletes the run's parts first (`clear_run`), and nothing else.
-A run holds its folder's lock (`hold_run_folder`, tlt_core.rl.folder_lock) from before these
-checks to its end, so that a second run on the same folder stops at once, naming the first's
+A run holds its folder's lock (`hold_run_folder`, tlt_core.persistence.folder_lock) from before
+these checks to its end, so that a second run on the same folder stops at once, naming the first's
 pid, instead of interleaving the two runs' metrics and checkpoints. Rank 0, which writes, holds
 it in a multi-process run.
 """
@@ -28,11 +28,11 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from tlt_core.rl.checkpoint_io import failed_write, latest_checkpoint
-from tlt_core.rl.folder_lock import FolderLockedError, folder_lock
-from tlt_core.rl.metrics import JSONL_FILE, TENSORBOARD_EVENTS
-from tlt_core.rl.report import PLOTS
-from tlt_core.rl.wandb_logger import WANDB_DIR, WANDB_RUN_ID_FILE
+from tlt_core.outputs.metrics import JSONL_FILE, TENSORBOARD_EVENTS
+from tlt_core.outputs.report import PLOTS
+from tlt_core.outputs.wandb_logger import WANDB_DIR, WANDB_RUN_ID_FILE
+from tlt_core.persistence.checkpoint_io import failed_write, latest_checkpoint
+from tlt_core.persistence.folder_lock import FolderLockedError, folder_lock
 
 # A run folder's parts (module docstring); `tlt export` reads them too.
 CHECKPOINTS_DIR, POLICY_DIR, TOKENIZER_DIR = "checkpoints", "policy", "tokenizer"

@@ -11,7 +11,7 @@ Deterministic: problem i of a seed is drawn from its own `random.Random`, seeded
 "tlt_core.arithmetic/{seed}/{i}" (seeded by SHA-512, stable across machines and Python
 versions), so the rows for (n, seed) are always the same and a longer list for the same seed
 extends a shorter one. `write_jsonl(path, rows)` writes rows as JSON Lines, which
-`tlt_core.rl.data.load_prompts` reads back ("question" is the prompt, "answer" the reference).
+`tlt_core.tasks.data.load_prompts` reads back ("question" is the prompt, "answer" the reference).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The names are the keys of `metrics.jsonl` and the tags of the TensorBoard scalar
 do not change: dashboards and comparisons across runs key on them. `RECORD_FIELDS` lists the
 step record's other keys (the step index, text, lists) and why each is not a scalar. A test holds
 both tables to what `driver.py` emits, and docs/metrics.md to `render_markdown()` (regenerate it
-with `python -c "import tlt_core.rl.metrics as m; print(m.render_markdown(), end='')" >
+with `python -c "import tlt_core.outputs.metrics as m; print(m.render_markdown(), end='')" >
 docs/metrics.md`).
 
 `MetricsWriter` writes one JSON line per step to `metrics.jsonl`, always; with TensorBoard on,
@@ -13,7 +13,7 @@ also each scalar of `METRICS` (at global step = the record's `step`; a null valu
 acceptance length in a step without speculation, is skipped) and the response lengths as a
 histogram, through `torch.utils.tensorboard.SummaryWriter`; with wandb settings, the same
 scalars and histogram, at wandb step = the record's `step`, to a Weights & Biases run
-(tlt_core.rl.wandb_logger: online, or offline under the run folder for `wandb sync`; a resumed
+(tlt_core.outputs.wandb_logger: online, or offline under the run folder for `wandb sync`; a resumed
 run continues the same wandb run). TensorBoard and wandb are optional: neither package is a
 dependency (`pip install tensorboard`, `pip install wandb`).
 
@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from tlt_core.engine.records import POSITION_BUCKET_EDGES, POSITION_BUCKET_LABELS
-from tlt_core.rl.checkpoint_io import atomic_file, failed_write
+from tlt_core.outputs.wandb_logger import WandbLogger, WandbSettings, remove_local_run
+from tlt_core.persistence.checkpoint_io import atomic_file, failed_write
 from tlt_core.rl.evaluation import PASS_AT_K
-from tlt_core.rl.wandb_logger import WandbLogger, WandbSettings, remove_local_run
 
 
 def _bucket_range(bucket: int) -> str:
@@ -185,7 +185,7 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 class MetricsWriter:
     """Writes a run's step records under `folder`: metrics.jsonl, TensorBoard event files when
     `tensorboard` is True, and a wandb run when `wandb` gives its settings (its files under
-    `folder` too: tlt_core.rl.wandb_logger).
+    `folder` too: tlt_core.outputs.wandb_logger).
 
     history: None starts a fresh run: a previous run's metrics.jsonl, TensorBoard event files
     and wandb files in the folder are removed (whether or not this run writes them). A resumed
@@ -280,7 +280,7 @@ def render_markdown() -> str:
     lines = [
         "# Metrics of `tlt train`",
         "",
-        "Generated from `tlt_core/rl/metrics.py` by `render_markdown()`; a test checks that "
+        "Generated from `tlt_core/outputs/metrics.py` by `render_markdown()`; a test checks that "
         "this page, the tables there and what `tlt_core/rl/driver.py` emits agree.",
         "",
         "Every RL step appends one JSON object to `metrics.jsonl` in the run folder "

@@ -11,10 +11,6 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-# Every plot a report may hold (next to report.md), so that a replaced run leaves none behind.
-PLOTS = ("reward.png", "evaluation.png", "step_time.png", "running_batch.png", "acceptance.png",
-         "response_lengths.png")
-
 
 def summarize(history: list[dict]) -> dict:
     if not history:
@@ -54,84 +50,22 @@ def write_report(folder: Path, runs: dict[str, list[dict]]) -> Path:
     import matplotlib.pyplot as plt
 
     folder.mkdir(parents=True, exist_ok=True)
-    figures = []
-
-    def save(fig, name, title):
+    figures = []  # (title, file name) of the plots drawn
+    for name, title, draw in _DRAWINGS:
+        fig = draw(plt, runs)
+        if fig is None:
+            continue
         fig.tight_layout()
         fig.savefig(folder / name, dpi=110)
         plt.close(fig)
         figures.append((title, name))
+    path = folder / "report.md"
+    path.write_text("\n".join(_markdown(runs, figures)))
+    return path
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, history in runs.items():
-        ax.plot([m["step"] for m in history], [m["reward"] for m in history], marker="o",
-                label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward")
-    ax.legend()
-    save(fig, "reward.png", "Reward per step")
 
-    evaluated = {name: [m for m in history if m.get("eval/reward") is not None]
-                 for name, history in runs.items()}
-    if any(evaluated.values()):
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for name, points in evaluated.items():
-            if not points:
-                continue
-            steps = [m["step"] for m in points]
-            ax.plot(steps, [m["eval/reward"] for m in points], marker="o",
-                    label=f"{name}: mean reward")
-            ks = [key for key in points[-1] if key.startswith("eval/pass@")
-                  and points[-1][key] is not None]
-            for key in ks[:1] + ks[-1:] if len(ks) > 1 else ks:
-                ax.plot(steps, [m[key] for m in points], marker=".", linestyle="--",
-                        label=f"{name}: {key.split('/')[1]}")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("step (policy after its update)")
-        ax.set_ylabel("held-out reward / pass rate")
-        ax.legend(fontsize="small")
-        save(fig, "evaluation.png", "Held-out evaluation")
-
-    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5), squeeze=False,
-                             sharey=True)
-    for ax, (name, history) in zip(axes[0], runs.items()):
-        steps = [m["step"] for m in history]
-        rollout = [m["rollout_s"] for m in history]
-        ax.bar(steps, rollout, label="rollout")
-        ax.bar(steps, [m["train_s"] for m in history], bottom=rollout, label="train")
-        ax.set_title(name)
-        ax.set_xlabel("step")
-        ax.set_ylabel("seconds")
-        ax.legend()
-    save(fig, "step_time.png", "Step time: rollout and training")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, history in runs.items():
-        last = history[-1]
-        ax.step(last["trace_time_s"], last["trace_running"], where="pre", label=name)
-    ax.set_xlabel("seconds into the rollout (last step)")
-    ax.set_ylabel("running batch")
-    ax.legend()
-    save(fig, "running_batch.png", "Running batch over the last step's rollout")
-
-    tlt = runs.get("tlt", [])
-    if any(m.get("acceptance_length") for m in tlt):
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot([m["step"] for m in tlt], [m["acceptance_length"] or 0 for m in tlt], marker="o")
-        ax.set_xlabel("step")
-        ax.set_ylabel("tokens per speculative step")
-        save(fig, "acceptance.png", "Acceptance length per step")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, history in runs.items():
-        lengths = [n for m in history for n in m["response_lengths"]]
-        ax.hist(lengths, bins=40, alpha=0.6, label=name)
-    ax.set_xlabel("response length (tokens)")
-    ax.set_ylabel("responses")
-    ax.set_yscale("log")
-    ax.legend()
-    save(fig, "response_lengths.png", "Response lengths")
-
+def _markdown(runs: dict[str, list[dict]], figures: list[tuple[str, str]]) -> list[str]:
+    """report.md's lines: the runs' summaries side by side, the speedup, then the plots."""
     lines = ["# tlt train report", ""]
     summaries = {name: summarize(history) for name, history in runs.items()}
     keys = ["steps", "time_s", "mean_step_s", "rollout_s", "train_s", "tail_s", "reward_first",
@@ -148,9 +82,106 @@ def write_report(folder: Path, runs: dict[str, list[dict]]) -> Path:
     lines.append("")
     for title, name in figures:
         lines += [f"## {title}", "", f"![{title}]({name})", ""]
-    path = folder / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    return lines
+
+
+# ---- the plots: each draws a figure from the runs (`plt` is matplotlib.pyplot), or None -----
+
+def _plot_reward(plt, runs: dict[str, list[dict]]):
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, history in runs.items():
+        ax.plot([m["step"] for m in history], [m["reward"] for m in history], marker="o",
+                label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.legend()
+    return fig
+
+
+def _plot_evaluation(plt, runs: dict[str, list[dict]]):
+    evaluated = {name: [m for m in history if m.get("eval/reward") is not None]
+                 for name, history in runs.items()}
+    if not any(evaluated.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, points in evaluated.items():
+        if not points:
+            continue
+        steps = [m["step"] for m in points]
+        ax.plot(steps, [m["eval/reward"] for m in points], marker="o",
+                label=f"{name}: mean reward")
+        ks = [key for key in points[-1] if key.startswith("eval/pass@")
+              and points[-1][key] is not None]
+        for key in ks[:1] + ks[-1:] if len(ks) > 1 else ks:
+            ax.plot(steps, [m[key] for m in points], marker=".", linestyle="--",
+                    label=f"{name}: {key.split('/')[1]}")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("step (policy after its update)")
+    ax.set_ylabel("held-out reward / pass rate")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def _plot_step_time(plt, runs: dict[str, list[dict]]):
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5), squeeze=False,
+                             sharey=True)
+    for ax, (name, history) in zip(axes[0], runs.items()):
+        steps = [m["step"] for m in history]
+        rollout = [m["rollout_s"] for m in history]
+        ax.bar(steps, rollout, label="rollout")
+        ax.bar(steps, [m["train_s"] for m in history], bottom=rollout, label="train")
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("seconds")
+        ax.legend()
+    return fig
+
+
+def _plot_running_batch(plt, runs: dict[str, list[dict]]):
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, history in runs.items():
+        last = history[-1]
+        ax.step(last["trace_time_s"], last["trace_running"], where="pre", label=name)
+    ax.set_xlabel("seconds into the rollout (last step)")
+    ax.set_ylabel("running batch")
+    ax.legend()
+    return fig
+
+
+def _plot_acceptance(plt, runs: dict[str, list[dict]]):
+    tlt = runs.get("tlt", [])
+    if not any(m.get("acceptance_length") for m in tlt):
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([m["step"] for m in tlt], [m["acceptance_length"] or 0 for m in tlt], marker="o")
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens per speculative step")
+    return fig
+
+
+def _plot_response_lengths(plt, runs: dict[str, list[dict]]):
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, history in runs.items():
+        lengths = [n for m in history for n in m["response_lengths"]]
+        ax.hist(lengths, bins=40, alpha=0.6, label=name)
+    ax.set_xlabel("response length (tokens)")
+    ax.set_ylabel("responses")
+    ax.set_yscale("log")
+    ax.legend()
+    return fig
+
+
+# (file name, title, drawing), in the report's order
+_DRAWINGS = (("reward.png", "Reward per step", _plot_reward),
+             ("evaluation.png", "Held-out evaluation", _plot_evaluation),
+             ("step_time.png", "Step time: rollout and training", _plot_step_time),
+             ("running_batch.png", "Running batch over the last step's rollout",
+              _plot_running_batch),
+             ("acceptance.png", "Acceptance length per step", _plot_acceptance),
+             ("response_lengths.png", "Response lengths", _plot_response_lengths))
+
+# Every plot a report may hold (next to report.md), so that a replaced run leaves none behind.
+PLOTS = tuple(name for name, _, _ in _DRAWINGS)
 
 
 def _fmt(value) -> str:

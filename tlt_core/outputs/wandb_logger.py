@@ -2,7 +2,7 @@
 TensorBoard.
 
 `WandbLogger` logs one step at a time: the scalars and histograms it is given, at wandb step =
-the record's step. It knows nothing of the records' layout; `tlt_core.rl.metrics.MetricsWriter`
+the record's step. It knows nothing of the records' layout; `tlt_core.outputs.metrics.MetricsWriter`
 picks the scalars of `METRICS` (the names of metrics.jsonl and TensorBoard alike) and the
 `response_lengths` histogram, and drives it.
 
@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tlt_core.rl.checkpoint_io import atomic_file
+from tlt_core.persistence.checkpoint_io import atomic_file
 
 WANDB_MODES = ("online", "offline")
 WANDB_RUN_ID_FILE = "wandb_run_id"  # in the run folder: the id a resumed run continues

@@ -1,0 +1,47 @@
+"""The settings of the drafter's offline warm-up (`OfflineConfig`): the RL sampling settings
+the target's responses are drawn with, the drafter's form, the training's length, batch size,
+learning rate, warm-up and checkpoint interval, and the held-out measurement's length. Validated
+at construction, with messages that name the field; every phase reads what it needs from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tlt_core.drafting.drafter import DrafterConfig
+
+
+@dataclass(frozen=True)
+class OfflineConfig:
+    # the RL sampling settings the responses are drawn with
+    temperature: float = 1.0
+    max_tokens: int = 512
+    samples_per_prompt: int = 1
+    rollout_batch: int = 64  # rows the engine runs at once (and prompts per response shard)
+    held_out: int = 16  # the last prompts: never trained on, the acceptance measurement's
+    # the drafter
+    form: str = "eagle"
+    feature_layers: tuple[int, ...] = (-1,)
+    draft_vocab: int | None = 8192  # V'; None: the target's whole vocabulary
+    # training
+    steps: int = 400
+    batch_tokens: int = 4096  # padded positions per batch
+    lr: float = 2e-3
+    warmup: int = 30
+    checkpoint_every: int = 100
+    seed: int = 0
+    # held-out acceptance: greedy, as many rows at once
+    eval_max_tokens: int = 256
+
+    def __post_init__(self):
+        for name in ("max_tokens", "samples_per_prompt", "rollout_batch", "steps",
+                     "batch_tokens", "checkpoint_every", "eval_max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
+        if not isinstance(self.held_out, int) or self.held_out < 1:
+            raise ValueError(f"held_out: must be an int >= 1 (the acceptance is measured on "
+                             f"them), got {self.held_out!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        DrafterConfig(self.feature_layers, self.form, self.draft_vocab)  # validates those
