@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 import torch
 
 import tlt_core.ops as ops
-from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.learned import LearnedDrafter, check_drafter
 from tlt_core.drafting.plan import DraftContext, DraftPlan
 from tlt_core.drafting.suffix_index import SuffixIndex
 from tlt_core.engine.drafter_rows import SYNCS, DrafterRows
@@ -167,7 +167,9 @@ class RolloutEngine:
     drafter, speculatively (lossless) at the steps a policy chooses."""
 
     def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig(),
-                 drafter: Drafter | None = None, harvest: HarvestSink | None = None):
+                 drafter: LearnedDrafter | None = None, harvest: HarvestSink | None = None):
+        if drafter is not None:
+            check_drafter(drafter)
         if harvest is not None and drafter is None:
             raise ValueError("harvest: needs the drafter whose feature layers it keeps")
         if drafter is not None and drafter.target is not model:

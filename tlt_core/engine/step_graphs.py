@@ -66,9 +66,8 @@ class StepGraphs:
         self.batch_edges = edges(1, cache.shape.batch)
         self.context_edges = edges(min(FIRST_CONTEXT_EDGE, slots), slots)
         model.reserve_positions(slots)
-        drafter = None if drafter_rows is None else drafter_rows.drafter
-        if drafter is not None and hasattr(drafter, "reserve_positions"):
-            drafter.reserve_positions(drafter_rows.cache.shape.max_len)
+        if drafter_rows is not None:
+            drafter_rows.drafter.reserve_positions(drafter_rows.cache.shape.max_len)
         self._generation: tuple | None = None
 
     # ---- shapes ------------------------------------------------------------------------------
@@ -85,9 +84,8 @@ class StepGraphs:
     def check_weights(self) -> None:
         """Refreshes the packed weights the passes read; drops every graph if one was replaced."""
         generation = (self.model.refresh_inference(),)
-        drafter = None if self.drafter_rows is None else self.drafter_rows.drafter
-        if drafter is not None and hasattr(drafter, "refresh_inference"):
-            generation += (drafter.refresh_inference(),)
+        if self.drafter_rows is not None:
+            generation += (self.drafter_rows.drafter.refresh_inference(),)
         if self._generation is not None and generation != self._generation:
             self.pool.clear()
         self._generation = generation
