@@ -24,17 +24,17 @@ are read, says why); the rotary embedding is the drafter's own, from its layer c
 EAGLE-3 drafters are trained with their own RoPE settings (SpecForge's Llama-3 config has no
 rope_theta: 10000 against the target's 500000).
 
-The interface is Drafter's, as the engine (tlt_core.engine.drafter_rows) and the tree
-(tlt_core.drafting.tree) use it: `target`, `config.feature_layers`, `config.draft_vocab`, `fc`,
-`new_cache`, `features`, `forward`, `logits`, `vocab_size`, `to_target_ids`. The position
-bookkeeping is the same: the drafter's cache holds the pair (g_t, x_{t+1}) of every position the
-target's cache holds, at position t.
+It is a `LearnedDrafter` (tlt_core.drafting.learned), as `Drafter` is: the engine, its
+fixed-shape passes and the draft plans run both alike. The position bookkeeping is the same: the
+drafter's cache holds the pair (g_t, x_{t+1}) of every position the target's cache holds, at
+position t.
 
 Shapes: B rows, T tokens, H hidden size, F fused target layers, V vocabulary, V' draft vocabulary.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -147,6 +147,16 @@ class Eagle3Drafter(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Indices into logits()'s last dimension -> target token ids."""
         return self.draft_to_target[draft_ids]
+
+    def reserve_positions(self, bound: int) -> None:
+        """Nothing to prepare: the rotary embedding computes every pass's angles from its
+        frequencies, so a CUDA graph reads no table that a longer context could replace."""
+
+    def refresh_inference(self) -> tuple[int, ...]:
+        """The passes read the parameters and buffers themselves (no packed copies), so they
+        are always up to date; their addresses are the generation, which changes only when one
+        was replaced (what a CUDA graph that read it must be captured again after)."""
+        return tuple(t.data_ptr() for t in itertools.chain(self.parameters(), self.buffers()))
 
     def new_cache(self, batch: int, max_len: int, budget_bytes: int | None = None) -> KVCache:
         layer = self.config.layer

@@ -25,7 +25,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 
 import tlt_core.ops as ops
-from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.learned import LearnedDrafter
 from tlt_core.drafting.suffix_index import SuffixIndex
 from tlt_core.model.kv_cache import KVCache
 
@@ -39,7 +39,7 @@ class DraftContext:
     suffix_index: SuffixIndex
     # The learned drafter, its cache over the B rows (every committed pair up to the root),
     # and its output at each row's last pair, (B, H): None when the step has no drafter.
-    drafter: Drafter | None = None
+    drafter: LearnedDrafter | None = None
     drafter_cache: KVCache | None = None
     root_hidden: torch.Tensor | None = None
     # The rows' sampling parameters, as the verification kernel takes them (temperature,

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 import tlt_core.ops as ops
-from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.learned import LearnedDrafter
 from tlt_core.drafting.plan import DraftContext
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
 from tlt_core.model.kv_cache import KVCache
@@ -84,8 +84,9 @@ class Strategy:
         return self.key
 
 
-def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidden: torch.Tensor,
-               strategy: Strategy, read_len: int | None = None) -> ops.DraftTree:
+def draft_tree(drafter: LearnedDrafter, cache: KVCache, roots: torch.Tensor,
+               root_hidden: torch.Tensor, strategy: Strategy, read_len: int | None = None
+               ) -> ops.DraftTree:
     """The tree to verify for each row. cache: the drafter's cache over the B rows (pairs up
     to the root committed); roots (B,) int64 the root tokens; root_hidden (B, H) the drafter's
     output at its last committed pair (whose logits give the tokens after the root);
@@ -141,9 +142,9 @@ def draft_tree(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidde
                            validate=False)
 
 
-def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hidden: torch.Tensor,
-                 strategy: Strategy, uniform: bool, longest: int, read_len: int | None
-                 ) -> ops.DraftTree:
+def _draft_chain(drafter: LearnedDrafter, cache: KVCache, roots: torch.Tensor,
+                 root_hidden: torch.Tensor, strategy: Strategy, uniform: bool, longest: int,
+                 read_len: int | None) -> ops.DraftTree:
     """draft_tree for K = 1, without the tree bookkeeping: level j's node is candidate j - 1,
     the child of candidate j - 2 (grown by chain_levels, each level's argmax)."""
     B, depth, device = roots.shape[0], strategy.depth, roots.device
@@ -166,8 +167,8 @@ def _draft_chain(drafter: Drafter, cache: KVCache, roots: torch.Tensor, root_hid
                            strategy.num_verify_tokens, validate=False)
 
 
-def chain_levels(drafter: Drafter, cache: KVCache, root_hidden: torch.Tensor, depth: int,
-                 uniform: bool, longest: int,
+def chain_levels(drafter: LearnedDrafter, cache: KVCache, root_hidden: torch.Tensor,
+                 depth: int, uniform: bool, longest: int,
                  pick: Callable[[int, torch.Tensor], torch.Tensor],
                  read_len: int | None = None) -> list[torch.Tensor]:
     """A chain of `depth` draft tokens per row: level 0's from the drafter's output at the root

@@ -6,10 +6,11 @@ either way.
 commit); `records.py` what goes in and comes out; `hooks.py` the protocols it is given (a plan
 policy, step observers, a harvest sink); `sampling.py` the one sampling path (the verification
 kernel on root-only trees) and per-sample seeds; `rows.py` and `drafter_rows.py` the per-row
-state of the target and of the drafter; `step_graphs.py` the decode passes at fixed shapes,
-captured as CUDA graphs in a `graph_pool.py` pool; `host_read.py` a step's one device-to-host
-read and `step_clock.py` its timing without a sync. The engine knows nothing about tokenizers, rewards,
-workers or training (tlt_core.rl, tlt_core.workers); it imports only ops, model and drafting.
+state of the target and of the drafter; `passes.py` the decode passes a step runs, eagerly
+or (`step_graphs.py`) at fixed shapes, captured as CUDA graphs in a `graph_pool.py` pool;
+`host_read.py` a step's one device-to-host read and `step_clock.py` its timing without a sync.
+The engine knows nothing about tokenizers, rewards, workers or training (tlt_core.rl,
+tlt_core.workers); it imports only ops, model and drafting.
 """
 
 from tlt_core.engine.drafter_rows import DrafterRows

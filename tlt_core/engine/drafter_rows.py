@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.learned import LearnedDrafter
 from tlt_core.model.attention_plan import attention_plan
 from tlt_core.model.kv_cache import KVCache
 
@@ -39,7 +39,7 @@ SYNCS = ("lazy", "eager")
 
 
 class DrafterRows:
-    def __init__(self, drafter: Drafter, rows: int, max_len: int, *, sync: str = "lazy",
+    def __init__(self, drafter: LearnedDrafter, rows: int, max_len: int, *, sync: str = "lazy",
                  backlog_capacity: int = 128):
         if sync not in SYNCS:
             raise ValueError(f"sync: must be one of {SYNCS}, got {sync!r}")

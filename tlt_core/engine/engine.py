@@ -19,6 +19,10 @@ A speculative step verifies each row's draft tree (tlt_core.drafting) in one tar
 greedy rows emit exactly the plain tokens (in float32) and sampled rows follow the target's
 distribution exactly; the emitted log-probs are the target's.
 
+Passes: a step's model passes (plain, draft, verify, the drafter's catch-up) go through one
+`DecodePasses` (tlt_core.engine.passes), chosen at construction: eager at the running batch's
+shapes, or fixed-shape CUDA graphs (EngineConfig.graphs). The step code is the same either way.
+
 State: what one call needs (its queue, running samples, trace, timings) is a `_Run` local to
 that call. The engine owns what every call reuses: the target's KV cache, the per-row tensors,
 the drafter's per-row state (`DrafterRows`) and the suffix index whose history carries
@@ -33,18 +37,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 import tlt_core.ops as ops
-from tlt_core.drafting.drafter import Drafter
-from tlt_core.drafting.plan import DraftContext, DraftPlan
+from tlt_core.drafting.learned import LearnedDrafter, check_drafter
+from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.suffix_index import SuffixIndex
 from tlt_core.engine.drafter_rows import SYNCS, DrafterRows
 from tlt_core.engine.hooks import HarvestSink, PlanPolicy, Speculation, StepObserver, StepOutcome
 from tlt_core.engine.host_read import HostReader
+from tlt_core.engine.passes import DecodePasses, EagerPasses, Verified
 from tlt_core.engine.records import (Request, RequestTiming, Rollout, RolloutResult,
                                      SamplingParams, SpecStepStats, bucket_counts)
 from tlt_core.engine.rows import RowState
@@ -167,7 +172,9 @@ class RolloutEngine:
     drafter, speculatively (lossless) at the steps a policy chooses."""
 
     def __init__(self, model: torch.nn.Module, config: EngineConfig = EngineConfig(),
-                 drafter: Drafter | None = None, harvest: HarvestSink | None = None):
+                 drafter: LearnedDrafter | None = None, harvest: HarvestSink | None = None):
+        if drafter is not None:
+            check_drafter(drafter)
         if harvest is not None and drafter is None:
             raise ValueError("harvest: needs the drafter whose feature layers it keeps")
         if drafter is not None and drafter.target is not model:
@@ -200,9 +207,14 @@ class RolloutEngine:
         self.host = HostReader(weight.device)  # a step's one device-to-host read
         self.step_clock = StepClock(weight.device)
         on_gpu = weight.device.type == "cuda"
+        # Eager or fixed-shape passes, decided here once (tlt_core.engine.passes); `graphs`
+        # stays reachable for studies that capture outside a call.
         self.graphs = (StepGraphs(model, self.cache, self.rows, self.drafter_rows,
                                   capture=on_gpu, pool=config.graph_pool)
                        if (on_gpu if config.graphs is None else config.graphs) else None)
+        self._passes: DecodePasses = (
+            self.graphs if self.graphs is not None else
+            EagerPasses(model, self.cache, self.rows, self.drafter_rows, config.graph_pool))
         self._in_call = False
 
     # ---- public ------------------------------------------------------------------------------
@@ -245,9 +257,7 @@ class RolloutEngine:
     def graph_memory(self) -> dict:
         """The decode graphs held (count, "pool": shared or per_graph, "reserved_bytes": what
         their captures reserved); zeros when the engine runs without graphs or on the CPU."""
-        if self.graphs is None:
-            return {"graphs": 0, "pool": self.config.graph_pool, "reserved_bytes": 0}
-        return self.graphs.memory()
+        return self._passes.memory()
 
     # ---- the call ----------------------------------------------------------------------------
 
@@ -267,17 +277,11 @@ class RolloutEngine:
         self.cache.set_lengths(0)
         if self.drafter_rows is not None:
             self.drafter_rows.reset()
-        if self.graphs is not None:
-            self.graphs.check_weights()
-            if waiting and self.graphs.pool.enabled:  # every pass this call may run,
-                # captured now on scratch state
-                plans = (strategy,) if isinstance(strategy, DraftPlan) else tuple(
-                    getattr(strategy, "plans", ()))
-                if not drafting:
-                    plans = tuple(p for p in plans if not p.uses_drafter)
-                self.graphs.capture(plans, hidden_layers, len(waiting), max(
-                    len(s.prompt_ids) + s.params.max_tokens for s in waiting
-                ) + self.config.spec_reserve)
+        plans = (strategy,) if isinstance(strategy, DraftPlan) else tuple(
+            getattr(strategy, "plans", ()))  # a policy's plans, where it names them
+        longest = max((len(s.prompt_ids) + s.params.max_tokens for s in waiting), default=0)
+        self._passes.prepare(tuple(p for p in plans if drafting or not p.uses_drafter),
+                             hidden_layers, len(waiting), longest + self.config.spec_reserve)
         return _Run(waiting, choose, tuple(o for o in (told, observe) if o is not None), index,
                     drafting, hidden_layers, time.perf_counter())
 
@@ -397,27 +401,18 @@ class RolloutEngine:
     def _plain_step(self, run: _Run) -> None:
         """One token per row: forward each row's root, sample the next token, commit."""
         batch = len(run.running)
-        view = self.cache.rows(0, batch)
         roots = self.rows.last[:batch]  # (B,)
-        if self.graphs is not None:
-            tokens, logprobs, hidden = self.graphs.plain(batch, run.hidden_layers)
-        else:
-            if run.hidden_layers:  # the features too, for the drafter or the harvest
-                out = self.model.step(roots[:, None], view.lengths[:, None], view,
-                                      hidden_layers=run.hidden_layers)
-                logits, hidden = out.logits[:, 0], out.hidden_states  # (B, V), (B, 1, H) each
-            else:
-                logits, hidden = self.model.next_token_logits(roots, view), ()  # (B, V)
-            tokens, logprobs = sample_roots(logits, roots, **self.rows.sampling(slice(0, batch)))
+        sampled = self._passes.plain(batch, run.hidden_layers)
         ones = torch.ones(batch, dtype=torch.int64, device=self.device)
-        view.commit(ones, host=1)
-        token_list, logprob_list = self.host.read(tokens, logprobs)  # the step's one host sync
+        self.cache.rows(0, batch).commit(ones, host=1)
+        # the step's one host sync
+        token_list, logprob_list = self.host.read(sampled.tokens, sampled.logprobs)
         check_emitted(token_list)
         committed = _Committed(
-            counts=ones, count_list=[1] * batch, emitted=tokens[:, None],
+            counts=ones, count_list=[1] * batch, emitted=sampled.tokens[:, None],
             emitted_rows=[[token] for token in token_list],
-            logprob_rows=[[logprob] for logprob in logprob_list], last=tokens,
-            fed_tokens=roots[:, None], hidden=hidden)
+            logprob_rows=[[logprob] for logprob in logprob_list], last=sampled.tokens,
+            fed_tokens=roots[:, None], hidden=sampled.hidden)
         self._commit(run, committed, drafter_next=False)
         self.step_clock.poll()  # earlier steps' times, now that the device caught up
 
@@ -431,10 +426,11 @@ class RolloutEngine:
         started = self.step_clock.mark()
         tree = self._draft(run, plan)
         drafted = self.step_clock.mark()
-        out, verdict, tree = self._verify(run, plan, tree)
-        verified = self.step_clock.mark()
-        committed = self._accept(tree, out, verdict)
-        self._commit(run, committed, drafter_next=plan.uses_drafter, width=tree.tokens.shape[1])
+        verified = self._passes.verify(batch, plan, tree, run.hidden_layers)
+        verified_at = self.step_clock.mark()
+        committed = self._accept(verified)
+        self._commit(run, committed, drafter_next=plan.uses_drafter,
+                     width=verified.tree.tokens.shape[1])
         done = self.step_clock.mark()
         emitted = sum(committed.count_list)
         drafted_nodes = sum(committed.node_list) - batch
@@ -445,54 +441,23 @@ class RolloutEngine:
                 step, batch, plan.key, drafted_nodes, emitted - batch, emitted, *seconds,
                 bucket_rows=bucket_rows, bucket_emitted=bucket_emitted))
 
-        self.step_clock.when_timed((started, drafted, verified, done), record)
+        self.step_clock.when_timed((started, drafted, verified_at, done), record)
         self.step_clock.poll()
         return emitted
 
     def _draft(self, run: _Run, plan: DraftPlan) -> ops.DraftTree:
-        """Every running row's draft tree (B, N), node 0 its root."""
+        """Every running row's draft tree (B, N), node 0 its root (padded rows past B with
+        fixed-shape passes)."""
         batch = len(run.running)
-        roots = self.rows.last[:batch]  # (B,)
-        keys = [sample.key for sample in run.running]
-        if not plan.uses_drafter:
-            tree = plan.draft(DraftContext(roots, keys, run.suffix_index))
-            return tree if self.graphs is None else self.graphs.pad_tree(tree)
-        self.drafter_rows.flush(batch)  # the drafter needs every committed pair
-        if self.graphs is not None:  # padded to the batch edge
-            return self.graphs.draft(batch, plan, run.suffix_index)
-        return plan.draft(DraftContext(roots, keys, run.suffix_index, self.drafter,
-                                       self.drafter_rows.rows(batch),
-                                       self.drafter_rows.last_hidden[:batch],
-                                       self.rows.sampling(slice(0, batch))))
+        if plan.uses_drafter:
+            self.drafter_rows.flush(batch)  # the drafter needs every committed pair
+        return self._passes.draft(batch, plan, [sample.key for sample in run.running],
+                                  run.suffix_index)
 
-    def _verify(self, run: _Run, plan: DraftPlan, tree: ops.DraftTree
-                ) -> tuple[ModelOutput, ops.VerifyOutput, ops.DraftTree]:
-        """The target's pass over every tree (causal for chains: node i sees nodes 0..i;
-        tree-masked otherwise) and the verification kernel's verdict: each row's accepted path
-        and final (bonus or corrected) token; with the tree, over the running rows."""
-        batch, N = len(run.running), tree.tokens.shape[1]
-        if self.graphs is not None:  # trees padded to the batch edge: the running rows' part
-            hidden, verdict, tree = self.graphs.verify(batch, plan, tree, run.hidden_layers)
-            return (ModelOutput(None, tuple(h[:batch] for h in hidden)),
-                    _first_rows(verdict, batch), _first_rows(tree, batch))
-        view = self.cache.rows(0, batch)
-        if plan.is_chain:
-            positions = view.lengths[:, None] + torch.arange(N, device=self.device)  # (B, N)
-            tree_mask = None
-        else:
-            meta = ops.tree_metadata(tree.parents, tree.num_nodes, view.lengths, validate=False)
-            positions, tree_mask = meta.positions, ops.unpack_tree_mask(meta.mask, N)
-        out = self.model.step(tree.tokens, positions, view, tree_mask=tree_mask,
-                              hidden_layers=run.hidden_layers)  # logits (B, N, V)
-        verdict = ops.verify_tree_sampling(
-            out.logits, tree.tokens, tree.parents, num_nodes=tree.num_nodes, validate=False,
-            draft_probs=tree.draft_probs, **self.rows.sampling(slice(0, batch)))
-        return out, verdict, tree
-
-    def _accept(self, tree: ops.DraftTree, out: ModelOutput,
-                verdict: ops.VerifyOutput) -> _Committed:
+    def _accept(self, verified: Verified) -> _Committed:
         """Keeps each row's accepted path: its K/V moves next to the committed prefix
         (compaction), and its tokens and target features are gathered for the commit."""
+        tree, verdict = verified.tree, verified.verdict
         batch = tree.tokens.shape[0]
         counts = verdict.num_accepted.to(torch.int64) + 1  # (B,) tokens each row emits
         view = self.cache.rows(0, batch)
@@ -507,7 +472,7 @@ class RolloutEngine:
         width = max(count_list)
         path = verdict.accept_index[:, :width].clamp(min=0).long()  # (B, W) accepted nodes
         hidden = tuple(h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
-                       for h in out.hidden_states)  # (B, W, H) each
+                       for h in verified.hidden)  # (B, W, H) each
         emitted = verdict.emitted_tokens[:, :width]  # (B, W)
         last = emitted.gather(1, (counts - 1)[:, None])[:, 0]  # (B,)
         return _Committed(
@@ -526,11 +491,9 @@ class RolloutEngine:
         c = committed
         if run.drafting:
             following = c.emitted.clamp(min=0)  # (B, W); padding past a row's count
-            if drafter_next and self.graphs is not None:
-                self.graphs.catch_up(len(run.running), following, c.hidden, c.counts,
-                                     c.count_list, width)
-            elif drafter_next:
-                self.drafter_rows.extend(0, following, c.hidden, c.counts, c.count_list)
+            if drafter_next:
+                self._passes.catch_up(len(run.running), following, c.hidden, c.counts,
+                                      c.count_list, width)
             else:
                 self.drafter_rows.follow(following, c.hidden, c.counts, c.count_list)
         kept = [self._append(sample, tokens, logprobs, count) for sample, count, tokens, logprobs
@@ -671,9 +634,3 @@ class RolloutEngine:
             start = time.perf_counter()
             self.harvest.finish(sample.key)
             run.harvest_s += time.perf_counter() - start
-
-
-def _first_rows(record, batch: int):
-    """A record of (B, ...) tensors (DraftTree, VerifyOutput) cut to its first `batch` rows."""
-    return type(record)(*(None if value is None else value[:batch] for value in
-                          (getattr(record, f.name) for f in fields(record))))

@@ -1,5 +1,5 @@
-"""The engine's decode passes at fixed shapes: CUDA graphs on a GPU, the same code run eagerly
-on the CPU.
+"""The engine's decode passes at fixed shapes (`DecodePasses`, tlt_core.engine.passes): CUDA
+graphs on a GPU, the same code run eagerly on the CPU.
 
 Four passes, each keyed by its shapes (a graph per key, in one GraphPool):
 - ("plain", b, c, layers): the target's one-token pass and the sampling kernel;
@@ -22,8 +22,8 @@ DrafterRows) through views at fixed addresses; what a step makes anew (a tree dr
 host) is copied into the graph's static inputs. Outputs are valid until another pass runs: the
 engine uses or copies them within the step (verify returns the tree from its own inputs, which
 stay put). A first run of a key captures it, its warm-up runs executing for real: harmless, as
-every pass writes only uncommitted cache slots. `capture` runs every key a call may use up
-front, on the scratch state of an engine with no running rows.
+every pass writes only uncommitted cache slots. `capture` (from `prepare`, at a call's start)
+runs every key a call may use up front, on the scratch state of an engine with no running rows.
 
 Weights: `check_weights` refreshes the target's and the drafter's packed weights in place (what
 the graphs read) and drops every graph when a pack was replaced instead (its generation
@@ -32,14 +32,16 @@ changed), to be captured again.
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import fields
+from typing import Hashable, Sequence
 
 import torch
 
 import tlt_core.ops as ops
-from tlt_core.engine.graph_pool import GraphPool
 from tlt_core.drafting.plan import DraftContext, DraftPlan
 from tlt_core.drafting.suffix_index import SuffixIndex
+from tlt_core.engine.graph_pool import GraphPool
+from tlt_core.engine.passes import Sampled, Verified
 from tlt_core.engine.sampling import sample_roots
 
 GRAPH_POOLS = ("shared", "per_graph")
@@ -66,9 +68,8 @@ class StepGraphs:
         self.batch_edges = edges(1, cache.shape.batch)
         self.context_edges = edges(min(FIRST_CONTEXT_EDGE, slots), slots)
         model.reserve_positions(slots)
-        drafter = None if drafter_rows is None else drafter_rows.drafter
-        if drafter is not None and hasattr(drafter, "reserve_positions"):
-            drafter.reserve_positions(drafter_rows.cache.shape.max_len)
+        if drafter_rows is not None:
+            drafter_rows.drafter.reserve_positions(drafter_rows.cache.shape.max_len)
         self._generation: tuple | None = None
 
     # ---- shapes ------------------------------------------------------------------------------
@@ -85,19 +86,24 @@ class StepGraphs:
     def check_weights(self) -> None:
         """Refreshes the packed weights the passes read; drops every graph if one was replaced."""
         generation = (self.model.refresh_inference(),)
-        drafter = None if self.drafter_rows is None else self.drafter_rows.drafter
-        if drafter is not None and hasattr(drafter, "refresh_inference"):
-            generation += (drafter.refresh_inference(),)
+        if self.drafter_rows is not None:
+            generation += (self.drafter_rows.drafter.refresh_inference(),)
         if self._generation is not None and generation != self._generation:
             self.pool.clear()
         self._generation = generation
 
     # ---- the passes --------------------------------------------------------------------------
 
-    def plain(self, batch: int, layers: tuple[int, ...]
-              ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-        """The plain step's pass over rows [0, batch): tokens (B,), logprobs (B,), and the
-        outputs of `layers`, (B, 1, H) each."""
+    def prepare(self, plans: Sequence[DraftPlan], layers: tuple[int, ...], max_batch: int,
+                max_context: int) -> None:
+        """A call's start: the weights refreshed, and on a GPU every pass the call may run
+        captured now, on scratch state (no row is running)."""
+        self.check_weights()
+        if max_batch and self.pool.enabled:
+            self.capture(plans, layers, max_batch, max_context)
+
+    def plain(self, batch: int, layers: tuple[int, ...]) -> Sampled:
+        """The plain step's pass over rows [0, batch)."""
         b = self.batch_edge(batch)
         c = self.context_edge(self._longest(batch) + 1)
 
@@ -110,11 +116,16 @@ class StepGraphs:
             return tokens, logprobs, out.hidden_states
 
         tokens, logprobs, hidden = self.pool.run(("plain", b, c, layers), plain_pass)
-        return tokens[:batch], logprobs[:batch], tuple(h[:batch] for h in hidden)
+        return Sampled(tokens[:batch], logprobs[:batch], tuple(h[:batch] for h in hidden))
 
-    def draft(self, batch: int, plan: DraftPlan, suffix_index: SuffixIndex) -> ops.DraftTree:
-        """A learned-drafter plan's trees for rows [0, batch), padded to the batch edge's rows
-        (the caller flushed the drafter's backlog)."""
+    def draft(self, batch: int, plan: DraftPlan, keys: Sequence[Hashable],
+              suffix_index: SuffixIndex) -> ops.DraftTree:
+        """The plan's trees for rows [0, batch), padded to the batch edge's rows: a learned
+        drafter's from its graph (over rows with no keys: the padding has none, and the drafter
+        reads none), any other plan's drafted eagerly and padded (pad_tree)."""
+        if not plan.uses_drafter:
+            return self.pad_tree(plan.draft(DraftContext(self.rows.last[:batch], keys,
+                                                         suffix_index)))
         b = self.batch_edge(batch)
         dr = self.drafter_rows
         c = self.context_edge(dr.rows(batch).longest() + plan.fed_nodes + 1)
@@ -143,11 +154,11 @@ class StepGraphs:
             None if tree.draft_probs is None else torch.cat(
                 (tree.draft_probs, tree.draft_probs[:1].expand(pad, -1, -1))))
 
-    def verify(self, batch: int, plan: DraftPlan, tree: ops.DraftTree, layers: tuple[int, ...]
-               ) -> tuple[tuple[torch.Tensor, ...], ops.VerifyOutput, ops.DraftTree]:
-        """The target's pass over padded trees (pad_tree's or draft's) and the verification
-        kernel: the outputs of `layers` (b, N, H) each, the verdict and the tree (its tensors
-        stable until the next verify), all with the batch edge's b rows."""
+    def verify(self, batch: int, plan: DraftPlan, tree: ops.DraftTree,
+               layers: tuple[int, ...]) -> Verified:
+        """The target's pass over draft's padded trees and the verification kernel, cut to
+        rows [0, batch); the tree is the one the graph holds (stable until the next verify,
+        unlike draft's)."""
         b, N = tree.tokens.shape
         c = self.context_edge(self._longest(batch) + N)
         view = self.cache.rows(0, b)
@@ -174,11 +185,12 @@ class StepGraphs:
 
         key = ("verify", b, c, N, chain, sampled, layers)
         hidden, verdict = self.pool.run(key, verify_pass, *inputs)
-        if key in self.pool:  # the tree as the graph holds it: stable, unlike the draft's
+        if key in self.pool:
             held = self.pool.static_inputs(key)
             tree = ops.DraftTree(held[0], held[1], tree.source_index, held[2],
                                  held[-1] if sampled else None)
-        return hidden, verdict, tree
+        return Verified(_first_rows(tree, batch), _first_rows(verdict, batch),
+                        tuple(h[:batch] for h in hidden))
 
     def catch_up(self, batch: int, following: torch.Tensor,
                  target_hidden: Sequence[torch.Tensor], counts: torch.Tensor,
@@ -230,7 +242,7 @@ class StepGraphs:
                       ) -> ops.DraftTree:
         if plan.uses_drafter and self.drafter_rows is not None:
             self.drafter_rows.cache.set_lengths(int(self.cache.host_lengths[0]), slice(0, b))
-            return self.draft(b, plan, suffix_index)
+            return self.draft(b, plan, [None] * b, suffix_index)
         N = plan.num_verify_tokens
         device = self.cache.device
         chain = torch.arange(-1, N - 1, dtype=torch.int32, device=device).expand(b, N)
@@ -253,3 +265,9 @@ class StepGraphs:
 
     def _longest(self, batch: int) -> int:
         return self.cache.rows(0, batch).longest()
+
+
+def _first_rows(record, batch: int):
+    """A record of (B, ...) tensors (DraftTree, VerifyOutput) cut to its first `batch` rows."""
+    return type(record)(*(None if value is None else value[:batch] for value in
+                          (getattr(record, f.name) for f in fields(record))))
