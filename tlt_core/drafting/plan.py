@@ -79,3 +79,25 @@ class DraftPlan(Protocol):
 
     def draft(self, context: DraftContext) -> ops.DraftTree:
         """The (B, N) tree of every running row; node 0 is the row's root."""
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """The shared part of the plans that propose one chain of at most `depth` tokens per row
+    (N = depth + 1); a subclass says what the chain is (key, draft, the drafter's part)."""
+    depth: int  # D: the most draft tokens per row
+
+    def __post_init__(self):
+        if not isinstance(self.depth, int) or self.depth < 1:
+            raise ValueError(f"depth: must be an int >= 1, got {self.depth!r}")
+
+    @property
+    def num_verify_tokens(self) -> int:
+        return self.depth + 1
+
+    @property
+    def is_chain(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return self.key

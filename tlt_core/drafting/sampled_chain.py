@@ -28,27 +28,19 @@ from dataclasses import dataclass
 import torch
 
 import tlt_core.ops as ops
-from tlt_core.drafting.plan import DraftContext
+from tlt_core.drafting.plan import ChainPlan, DraftContext
 from tlt_core.drafting.tree import chain_levels
 
 DRAFT_STREAM = 1 << 40  # Philox counter offset of the draft uniforms (the verifier's: 0..)
 
 
 @dataclass(frozen=True)
-class SampledChain:
-    depth: int  # D: draft tokens per row, each sampled from the drafter's distribution
-
-    def __post_init__(self):
-        if not isinstance(self.depth, int) or self.depth < 1:
-            raise ValueError(f"depth: must be an int >= 1, got {self.depth!r}")
+class SampledChain(ChainPlan):
+    """D draft tokens per row, each sampled from the drafter's distribution."""
 
     @property
     def key(self) -> str:
         return f"sampled({self.depth})"
-
-    @property
-    def num_verify_tokens(self) -> int:
-        return self.depth + 1
 
     @property
     def fed_nodes(self) -> int:
@@ -56,10 +48,6 @@ class SampledChain:
 
     @property
     def uses_drafter(self) -> bool:
-        return True
-
-    @property
-    def is_chain(self) -> bool:
         return True
 
     def draft(self, context: DraftContext) -> ops.DraftTree:
@@ -70,9 +58,6 @@ class SampledChain:
             raise ValueError(f"strategy: {self.key} samples its drafts and needs the rows' "
                              "sampling parameters (DraftContext.sampling)")
         return sampled_chain(context, self.depth)
-
-    def __str__(self) -> str:
-        return self.key
 
 
 def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:

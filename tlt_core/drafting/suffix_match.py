@@ -17,24 +17,16 @@ from dataclasses import dataclass
 import torch
 
 import tlt_core.ops as ops
-from tlt_core.drafting.plan import DraftContext
+from tlt_core.drafting.plan import ChainPlan, DraftContext
 
 
 @dataclass(frozen=True)
-class SuffixMatch:
-    depth: int  # most tokens proposed per row
-
-    def __post_init__(self):
-        if not isinstance(self.depth, int) or self.depth < 1:
-            raise ValueError(f"depth: must be an int >= 1, got {self.depth!r}")
+class SuffixMatch(ChainPlan):
+    """At most D tokens per row, copied from a sibling or earlier response (module docstring)."""
 
     @property
     def key(self) -> str:
         return f"suffix({self.depth})"
-
-    @property
-    def num_verify_tokens(self) -> int:
-        return self.depth + 1
 
     @property
     def fed_nodes(self) -> int:
@@ -43,10 +35,6 @@ class SuffixMatch:
     @property
     def uses_drafter(self) -> bool:
         return False
-
-    @property
-    def is_chain(self) -> bool:
-        return True
 
     def draft(self, context: DraftContext) -> ops.DraftTree:
         """Each row's chain of copied tokens, padded to N nodes (padding nodes have parent -1
@@ -68,6 +56,3 @@ class SuffixMatch:
         parents = parents.to(device)
         # node i is proposal token i - 1: its source index is its parent's
         return ops.DraftTree(tokens, parents, parents.clone(), num_nodes.to(device))
-
-    def __str__(self) -> str:
-        return self.key
