@@ -170,3 +170,25 @@ def test_tlt_train_writes_jsonl_and_tensorboard(tmp_path, capsys):
     assert [step for step, _ in read_scalars(out)["reward"]] == [0, 1]
     assert main(argv + ["--tensorboard", "off", "--overwrite"]) == 0  # old event files go
     assert not list(out.glob("events.out.tfevents.*"))
+
+
+def test_the_trace_says_which_steps_were_speculative_and_the_report_plots_it(tmp_path, records):
+    from tlt_core.outputs.report import write_report
+
+    for name, history in records.items():
+        for m in history:
+            assert len(m["trace_speculative"]) == len(m["trace_running"])
+            on = [b for b, sd in zip(m["trace_running"], m["trace_speculative"]) if sd]
+            assert m["sd_batch_max"] == (max(on) if on else None)
+            assert m["sd_on_share"] == pytest.approx(len(on) / len(m["trace_running"]))
+            if name == "baseline":
+                assert not on
+    # SD at the smallest batches, as the adaptive switch runs it (the tiny run's own choices
+    # are timing-driven)
+    switched = [{**m, "trace_speculative": [b <= min(m["trace_running"])
+                                            for b in m["trace_running"]]}
+                for m in records["tlt"]]
+    report = write_report(tmp_path, {"tlt": switched, "baseline": records["baseline"]})
+    assert (tmp_path / "sd_by_batch.png").is_file() and "sd_by_batch.png" in report.read_text()
+    write_report(tmp_path / "off", {"baseline": records["baseline"]})
+    assert not (tmp_path / "off" / "sd_by_batch.png").exists()

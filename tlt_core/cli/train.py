@@ -374,6 +374,13 @@ def _line(m: dict) -> str:
     version = "-" if m["drafter_version"] is None else str(m["drafter_version"])
     return (f"step {m['step']:>3}  reward {m['reward']:.3f}  step {m['step_s']:.2f}s  rollout "
             f"{100 * m['rollout_share']:.0f}%  tail {m['tail_s']:.2f}s  accept {acceptance}  "
-            f"SD-on {100 * m['sd_on_share']:.0f}%  drafter v{version}  gap "
+            f"SD-on {100 * m['sd_on_share']:.0f}%{_sd_rows(m)}  drafter v{version}  gap "
             f"{m['logprob_gap']:.1e}" + (f"  reward errors {m['reward_errors']}"
                                         if m["reward_errors"] else ""))
+
+
+def _sd_rows(m: dict) -> str:
+    """Where SD ran: at and below the largest speculative step's batch, of the peak batch."""
+    if m["sd_batch_max"] is None:
+        return ""
+    return f" (at <= {m['sd_batch_max']} of {max(m['trace_running'])} rows)"

@@ -143,6 +143,7 @@ class _Run:
     spec_steps: list[SpecStepStats] = field(default_factory=list)
     trace_time: list[float] = field(default_factory=list)
     trace_running: list[int] = field(default_factory=list)
+    trace_speculative: list[bool] = field(default_factory=list)
     harvest_s: float = 0.0
 
     def clock(self) -> float:
@@ -252,7 +253,8 @@ class RolloutEngine:
         run.finished.sort(key=lambda r: (r.request_index, r.sample_index))
         return RolloutResult(run.finished, torch.tensor(run.trace_time, dtype=torch.float64),
                              torch.tensor(run.trace_running, dtype=torch.int64), run.clock(),
-                             run.steps, tuple(run.spec_steps), run.harvest_s)
+                             run.steps, tuple(run.spec_steps), run.harvest_s,
+                             torch.tensor(run.trace_speculative, dtype=torch.bool))
 
     def graph_memory(self) -> dict:
         """The decode graphs held (count, "pool": shared or per_graph, "reserved_bytes": what
@@ -389,6 +391,7 @@ class RolloutEngine:
         run.steps += 1
         run.trace_time.append(run.clock())
         run.trace_running.append(batch)
+        run.trace_speculative.append(plan is not None)
 
     def _retire(self, run: _Run) -> None:
         # Back to front, so moving the last running row into a freed one never skips a row.

@@ -13,7 +13,7 @@ every speculative step also counts its rows and tokens per context bucket.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -154,6 +154,9 @@ class RolloutResult:
     decode_steps: int  # plain and speculative steps
     spec_steps: tuple[SpecStepStats, ...] = ()
     harvest_s: float = 0.0  # time spent handing positions to the harvest sink
+    # (steps,) bool: whether each decode step was speculative
+    trace_speculative: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(0, dtype=torch.bool))
 
     @property
     def acceptance_length(self) -> float | None:

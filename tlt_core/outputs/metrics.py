@@ -73,6 +73,10 @@ METRICS: dict[str, tuple[str, str]] = {
                          f"was {_bucket_range(bucket)} tokens; null when none was")
        for bucket, label in enumerate(POSITION_BUCKET_LABELS)},
     "sd_on_share": ("fraction", "share of the rollout's decode steps that were speculative"),
+    "sd_batch_max": ("rows", "the largest running batch of a speculative step in this rank's "
+                             "rollout: SD is on at and below it, off above it when the "
+                             "adaptive loop switches by batch size; null when no step was "
+                             "speculative"),
     "drafter_version": ("version", "drafter version after this step's refresh and watchdog "
                                    "verdict (0: the initial drafter; each refresh that trained "
                                    "publishes the next, a rollback returns to an older one); "
@@ -129,6 +133,8 @@ RECORD_FIELDS: dict[str, str] = {
     "trace_time_s": "end of each decode step of the rollout, in seconds (a list: the running-"
                     "batch plot of the report)",
     "trace_running": "rows decoding during each of those steps (a list)",
+    "trace_speculative": "whether each of those steps was speculative (a list of booleans: the "
+                         "report marks the SD steps on the running-batch plot)",
 }
 
 HISTOGRAMS = ("response_lengths",)  # lists of numbers TensorBoard and wandb show as histograms

@@ -142,9 +142,33 @@ def _plot_running_batch(plt, runs: dict[str, list[dict]]):
     for name, history in runs.items():
         last = history[-1]
         ax.step(last["trace_time_s"], last["trace_running"], where="pre", label=name)
+        speculative = [(t, b) for t, b, sd in zip(last["trace_time_s"], last["trace_running"],
+                                                  last.get("trace_speculative", ())) if sd]
+        if speculative:
+            ax.scatter(*zip(*speculative), s=8, color="tab:orange", zorder=3,
+                       label=f"{name}: speculative steps")
     ax.set_xlabel("seconds into the rollout (last step)")
     ax.set_ylabel("running batch")
     ax.legend()
+    return fig
+
+
+def _plot_sd_by_batch(plt, runs: dict[str, list[dict]]):
+    """The adaptive loop's switch as it ran: per running batch, the share of decode steps that
+    were speculative, over every step's rollout."""
+    steps: dict[int, list[bool]] = {}
+    for m in runs.get("tlt", []):
+        for batch, sd in zip(m["trace_running"], m.get("trace_speculative", ())):
+            steps.setdefault(batch, []).append(sd)
+    if not any(sd for decided in steps.values() for sd in decided):
+        return None
+    batches = sorted(steps)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar([str(b) for b in batches], [sum(steps[b]) / len(steps[b]) for b in batches])
+    ax.set_xlabel("running batch (rows decoding)")
+    ax.set_ylabel("share of steps speculative")
+    ax.set_ylim(0, 1.05)
+    ax.tick_params(axis="x", labelsize="x-small", labelrotation=90)
     return fig
 
 
@@ -177,6 +201,8 @@ _DRAWINGS = (("reward.png", "Reward per step", _plot_reward),
              ("step_time.png", "Step time: rollout and training", _plot_step_time),
              ("running_batch.png", "Running batch over the last step's rollout",
               _plot_running_batch),
+             ("sd_by_batch.png", "SD on by running batch (the adaptive switch)",
+              _plot_sd_by_batch),
              ("acceptance.png", "Acceptance length per step", _plot_acceptance),
              ("response_lengths.png", "Response lengths", _plot_response_lengths))
 

@@ -211,7 +211,7 @@ class RLDriver:
             if refreshed:
                 self.watchdog.publish()
         step_s = time.perf_counter() - start
-        trace_time, trace_running = _joined_traces(batch.rounds)
+        trace_time, trace_running, trace_speculative = _joined_traces(batch.rounds)
         scores = torch.tensor(batch.all_scores)
         metrics = {
             "step": step, "reward": float(scores.mean()),
@@ -235,6 +235,9 @@ class RLDriver:
             "reward_errors": batch.reward_errors,
             "first_reward_error": batch.first_reward_error,
             "trace_time_s": trace_time, "trace_running": trace_running,
+            "trace_speculative": trace_speculative,
+            "sd_batch_max": max((b for b, sd in zip(trace_running, trace_speculative) if sd),
+                                default=None),
             "lr": config.lr * lr_scale, **losses}
         evaluate = config.eval_every and (step + 1) % config.eval_every == 0
         metrics.update(self.evaluate() if evaluate else
@@ -662,12 +665,13 @@ def _token_weighted(rounds: list[WorkerRound], value: Callable[[WorkerRound], fl
     return sum(v * t for v, t in pairs) / weight if weight else pairs[0][0]
 
 
-def _joined_traces(rounds: list[WorkerRound]) -> tuple[list[float], list[int]]:
+def _joined_traces(rounds: list[WorkerRound]) -> tuple[list[float], list[int], list[bool]]:
     """The rounds' engine traces end to end: each round's times offset by the makespans
-    before it."""
-    times, running, offset = [], [], 0.0
+    before it, the running rows and whether each step was speculative."""
+    times, running, speculative, offset = [], [], [], 0.0
     for r in rounds:
         times += [offset + t for t in r.trace_time_s]
         running += list(r.trace_running)
+        speculative += list(r.trace_speculative)
         offset += r.makespan_s
-    return times, running
+    return times, running, speculative

@@ -37,6 +37,7 @@ class WorkerRound:
     sd_on_share: float = 0.0  # share of this rank's decode steps that were speculative
     trace_time_s: tuple[float, ...] = ()  # this rank's engine trace: end of each decode step
     trace_running: tuple[int, ...] = ()  # and the running rows during it
+    trace_speculative: tuple[bool, ...] = ()  # and whether it was speculative
     # acceptance_length per context bucket (RolloutResult.acceptance_by_position)
     acceptance_by_position: dict[str, float | None] = field(
         default_factory=lambda: dict.fromkeys(POSITION_BUCKET_LABELS))
@@ -78,4 +79,5 @@ def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[
                                  yield_lag, len(result.spec_steps) / max(result.decode_steps, 1),
                                  tuple(result.trace_time_s.tolist()),
                                  tuple(result.trace_running.tolist()),
+                                 tuple(result.trace_speculative.tolist()),
                                  result.acceptance_by_position)
