@@ -14,7 +14,7 @@ from tlt_core.embedded import (CharTokenizer, OfflineDrafterConfig, PretrainConf
                                drafter_folder_name, generate_problems, load_drafter,
                                load_embedded, load_pretrained, model_folder_name,
                                train_default_weights)
-from tlt_core.embedded.workload import PROVENANCE_FILE, SHIPPED_ROOT
+from tlt_core.embedded.workload import MAIN_JOB_DRAFTER, PROVENANCE_FILE, SHIPPED_ROOT
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.model import load_checkpoint
 
@@ -30,6 +30,10 @@ def test_the_default_workload_loads_from_the_package_without_training(tmp_path, 
     assert workload.target_folder == SHIPPED_ROOT / model_folder_name(PretrainConfig())
     assert workload.drafter_folder == workload.target_folder / drafter_folder_name(
         OfflineDrafterConfig())
+    main_job = load_embedded(drafter_config=MAIN_JOB_DRAFTER)  # `tlt train`'s early drafter
+    assert capsys.readouterr().err == "" and not list(tmp_path.iterdir())
+    assert main_job.drafter_folder == workload.target_folder / drafter_folder_name(
+        MAIN_JOB_DRAFTER)
 
 
 def test_the_provenance_describes_the_shipped_files():
@@ -42,6 +46,11 @@ def test_the_provenance_describes_the_shipped_files():
         (workload.target_folder / "pretrain_report.json").read_text())
     assert provenance["drafter"]["report"] == json.loads(
         (workload.drafter_folder / "drafter_report.json").read_text())
+    main_job = load_embedded(progress=False, drafter_config=MAIN_JOB_DRAFTER)
+    assert provenance["main_job_drafter"]["folder"] == (f"{main_job.target_folder.name}/"
+                                                        f"{main_job.drafter_folder.name}")
+    assert provenance["main_job_drafter"]["report"] == json.loads(
+        (main_job.drafter_folder / "drafter_report.json").read_text())
     for key in ("torch", "machine", "date", "git_commit"):
         assert provenance[key], key
 
@@ -71,6 +80,8 @@ def test_retraining_reproduces_the_shipped_weights(tmp_path):
     assert abs(new_model["accuracy_t1"] - old_model["accuracy_t1"]) <= 0.1
     new_drafter, old_drafter = fresh["drafter"]["report"], shipped["drafter"]["report"]
     assert abs(new_drafter["final_top1"] - old_drafter["final_top1"]) <= 0.02
+    new_early, old_early = (run["main_job_drafter"]["report"] for run in (fresh, shipped))
+    assert abs(new_early["final_top1"] - old_early["final_top1"]) <= 0.03
 
     old_target, _, old_folder = load_pretrained(progress=False)
     old_drafter_model = load_drafter(old_target, old_folder, progress=False)[0]

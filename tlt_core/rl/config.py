@@ -28,7 +28,7 @@ CHOICES = {"algorithm": ALGORITHMS, "scale_rewards": REWARD_SCALINGS,
 class TrainConfig:
     steps: int = option("RL steps (rollout, update, refresh)", 16)
     prompts_per_step: int = option("prompts per step (each sampled samples_per_prompt times)", 8)
-    samples_per_prompt: int = option("samples per prompt (the GRPO group; PPO may use 1)", 8)
+    samples_per_prompt: int = option("samples per prompt (the GRPO group; PPO may use 1)", 16)
     max_new_tokens: int = option("most tokens per response", 256)
     temperature: float = option("sampling temperature of the rollout (and of the log-probs "
                                 "trained on)", 1.0)
@@ -36,7 +36,8 @@ class TrainConfig:
                             "of the policy's decoder with a value head, its own optimizer)",
                             "grpo")
     # the policy's optimizer and schedule (tlt_core.optim.schedule)
-    lr: float = option("AdamW learning rate (the peak of the schedule)", 5e-5)
+    lr: float = option("AdamW learning rate (the peak of the schedule); the default suits the "
+                       "embedded model, a pre-trained LLM wants about 1e-6 to 1e-5", 2e-4)
     lr_scheduler_type: str = option("learning-rate schedule after the warm-up: constant or "
                                     "cosine, per RL step", "constant")
     warmup_steps: int = option("RL steps of linear learning-rate warm-up", 0)
@@ -79,7 +80,7 @@ class TrainConfig:
     critic_layers: int | None = option("PPO: the critic's decoder layers, the policy's first N "
                                        "(none: all)", None)
     whiten_advantages: bool = option("PPO: advantages whitened over the step's tokens", True)
-    minibatch_size: int = option("sequences per optimizer step", 32)
+    minibatch_size: int = option("sequences per optimizer step", 128)
     micro_batch_tokens: int = option("padded tokens per forward/backward (a mini-batch runs as "
                                      "length-sorted micro-batches under this budget; same update,"
                                      " less padding)", 2048)
