@@ -376,7 +376,7 @@ def test_tlt_train_writes_an_offline_run_and_overwrite_clears_it(tmp_path, capsy
     out = tmp_path / "run"
     assert main(["train", "--steps", "1", "--prompts-per-step", "2", "--samples-per-prompt",
                  "2", "--max-new-tokens", "16", "--wandb-project", "test", "--wandb-mode",
-                 "offline", "--no-progress", "--out", str(out)]) == 0
+                 "offline", "--no-progress", "--nproc", "1", "--out", str(out)]) == 0
     (path,) = offline_runs(out)
     run_id = (out / WANDB_RUN_ID_FILE).read_text().strip()
     assert f"wandb: run {run_id} of project test, offline in {out / WANDB_DIR}" in \
