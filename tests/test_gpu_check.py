@@ -36,6 +36,7 @@ def cpu_check(tmp_path_factory):
     return out, run_check(str(out), "--device", "cpu")
 
 
+@pytest.mark.slow  # runs the whole script's CPU stages (20 s)
 def test_cpu_check_passes_and_writes_the_summary_and_logs(cpu_check):
     out, done = cpu_check
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -55,6 +56,7 @@ def test_cpu_check_passes_and_writes_the_summary_and_logs(cpu_check):
     assert "PASSED" in done.stdout
 
 
+@pytest.mark.slow  # runs the whole script's CPU stages (20 s)
 def test_cpu_check_environment_names_versions_and_attention_backends(cpu_check):
     out, _ = cpu_check
     env = json.loads((out / "environment.json").read_text())
@@ -74,6 +76,7 @@ def test_cpu_check_environment_names_versions_and_attention_backends(cpu_check):
         assert row["default"]["masked"] != "unknown"
 
 
+@pytest.mark.slow  # runs the whole script's CPU stages (20 s)
 def test_cpu_check_decode_measures_every_path_on_the_tiny_shape(cpu_check):
     out, _ = cpu_check
     decode = json.loads((out / "decode_cpu.json").read_text())

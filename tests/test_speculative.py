@@ -132,6 +132,7 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(stats.chisquare(counts[keep].double(), expected).pvalue)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_sampled_speculative_matches_the_target_distribution(temperature, top_p):
     target = tiny_target(SAMPLED_VOCAB, seed=4, sharpen=3.0)
