@@ -47,14 +47,14 @@ DRAFTER_REPORT = "drafter_report.json"
 PRETRAIN_MINUTES, DRAFTER_MINUTES = 5, 5
 EVAL_PROMPTS = 32  # held-out problems of `tlt train --eval-every` on the embedded task
 # `tlt train` starts from an early drafter: the default's offline training stopped at 100 of its
-# 2,500 steps (teacher-forced top-1 0.70 instead of 0.98; about 2.4 tokens per speculative step
+# 2,500 steps (teacher-forced top-1 0.70 instead of 0.98; about 2.3 tokens per speculative step
 # at T = 1 instead of 5-7). On this small, overhead-bound model the fully trained drafter makes
 # SD faster than plain decoding at every running batch, so the adaptive switch would never show;
 # from the early one SD pays only in the tail.
 MAIN_JOB_DRAFTER = OfflineDrafterConfig(steps=100)
 # The main job's problems: a fixed set that every step samples, so that the step's reward
 # measures the policy learning them (8 problems x 16 samples, lr 2e-4: the mean reward of the
-# last 4 of 16 steps above the first 4's by 0.107-0.146 over seeds 0-2).
+# last 4 of 16 steps above the first 4's by 0.107-0.164 over seeds 0-2; docs/cli.md).
 MAIN_JOB_PROBLEMS = 8
 
 
