@@ -78,7 +78,7 @@ def test_the_contract_lazy_equals_eager_equals_one_pass(target, drafter):
             if how == "extend":
                 state.extend(first_row, tokens, [features], torch.tensor(counts), counts)
             else:
-                state.follow(tokens, [features], torch.tensor(counts), counts)
+                state.follow(0, tokens, [features], torch.tensor(counts), counts)
 
     with torch.inference_mode():
         commit([5, 3, 4], 5, "extend")  # prefill of ragged prompts

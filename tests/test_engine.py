@@ -153,10 +153,14 @@ def test_a_policy_is_told_every_step_it_chose_and_an_observer_every_step(model):
 
     class Plain:  # a PlanPolicy that never speculates
         def __init__(self):
-            self.chosen, self.told = [], []
+            self.chosen, self.contexts, self.told = [], [], []
 
-        def choose(self, batch):
+        def start_call(self):
+            self.calls = getattr(self, "calls", 0) + 1
+
+        def choose(self, batch, context):
             self.chosen.append(batch)
+            self.contexts.append(context)
             return None
 
         def observe(self, outcome):
@@ -168,6 +172,14 @@ def test_a_policy_is_told_every_step_it_chose_and_an_observer_every_step(model):
     assert policy.chosen == seen == [2, 2, 1, 1] == [b for b, _, _ in policy.told]
     assert all(plan is None for _, plan, _ in policy.told)
     assert result.decode_steps == 4
+    assert policy.calls == 1
+    # mean tokens in the cache: the prompt's 2 (the first token is the first step's root),
+    # then one more per step
+    assert policy.contexts == [2, 3, 4, 5]
+    assert [(o.step, o.batch, o.context, o.arm, o.emitted) for o in result.step_trace] == [
+        (0, 2, 2, "plain", 2), (1, 2, 3, "plain", 2), (2, 1, 4, "plain", 1),
+        (3, 1, 5, "plain", 1)]
+    assert all(o.seconds > 0 and o.catch_up_s == 0 for o in result.step_trace)
 
 
 def test_one_call_at_a_time_and_distinct_request_ids(model):

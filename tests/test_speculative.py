@@ -13,9 +13,7 @@ from tlt_core.drafting.training import collect_records, eagle_loss, make_batch
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.ops import reference
 from tlt_core.adaptive.policy import AdaptivePolicy
-from tlt_core.adaptive.bandit import PlanBandit
 from tlt_core.drafting.suffix_match import SuffixMatch
-from tlt_core.adaptive.sd_switch import SDSwitch
 from tlt_core.drafting.tree import Strategy, draft_tree
 
 from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
@@ -150,7 +148,7 @@ def test_sampled_speculative_matches_the_target_distribution(temperature, top_p)
                             n=SAMPLES, seed=11)
     engine = RolloutEngine(target, EngineConfig(max_batch=512, max_len=8), drafter)
     plans = (Strategy(3, 2, 5), Strategy(3, 1, 4), SuffixMatch(2))
-    switching = AdaptivePolicy(plans, SDSwitch(on_at=512), PlanBandit(plans, epsilon=1.0))
+    switching = switching_policy(plans)
     for strategy in (None,) + plans + (switching,):
         result = engine.generate([Request(prompt, params)], strategy=strategy)
         codes = torch.stack([r.tokens for r in result.rollouts])  # (SAMPLES, 3)
@@ -188,8 +186,7 @@ def test_caches_after_acceptance_equal_rebuilt_caches(target, drafters):
         run = engine._start(requests, strategy, None, None, None)
         engine._admit(run)
         for _ in range(3):
-            engine._speculative_step(run, strategy)
-            run.steps += 1
+            engine._step(run)
     for row, sample in enumerate(run.running):
         sequence = list(sample.prompt_ids) + sample.tokens[:-1]  # the root is not cached yet
         n = len(sequence)

@@ -65,7 +65,7 @@ def _reads_per_step(engine: RolloutEngine, requests, strategy) -> list[tuple[boo
     reads = HostReads()
 
     def counted_step(run):
-        plan = None if run.choose is None else run.choose(len(run.running))
+        plan = None if run.choose is None else run.choose(len(run.running), 0)
         before = reads.count
         inner(run)
         steps.append((plan is not None, reads.count - before))

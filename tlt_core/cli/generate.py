@@ -230,7 +230,10 @@ class StepMeter:
         self.emitted = self.spec_rows = self.spec_emitted = 0
         self._drawn = 0.0
 
-    def choose(self, batch: int) -> Strategy | None:
+    def start_call(self) -> None:
+        pass  # one display across calls
+
+    def choose(self, batch: int, context: int) -> Strategy | None:
         return self.plan
 
     def observe(self, outcome: StepOutcome) -> None:

@@ -18,10 +18,11 @@ from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.graph_pool import GraphPool
 from tlt_core.engine.hooks import HarvestSink, PlanPolicy, Speculation, StepObserver, StepOutcome
 from tlt_core.engine.records import (Request, RequestTiming, Rollout, RolloutResult,
-                                     SamplingParams, SpecStepStats, seconds_at_or_below)
+                                     SamplingParams, SpecStepStats, seconds_at_or_below,
+                                     step_trace_rows)
 from tlt_core.engine.sampling import sample_roots, sample_seed
 
 __all__ = ["DrafterRows", "EngineConfig", "GraphPool", "HarvestSink", "PlanPolicy", "Request", "RequestTiming",
            "Rollout", "RolloutEngine", "RolloutResult", "SamplingParams", "SpecStepStats",
            "Speculation", "StepObserver", "StepOutcome", "sample_roots", "sample_seed",
-           "seconds_at_or_below"]
+           "seconds_at_or_below", "step_trace_rows"]

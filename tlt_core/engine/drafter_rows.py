@@ -8,10 +8,12 @@ guess of the root's feature, which seeds the next tree). The operations:
 
 - `extend(first_row, ...)`: run the drafter over pairs the target just committed, now (after a
   prefill, and after a speculative step whose plan drafts with it again next);
-- `follow(...)`: pairs committed without the drafter (plain and suffix-match steps): extended
-  now (`sync="eager"`) or queued in the backlog (`sync="lazy"`), which keeps the target's
-  features of those positions and runs the drafter over them in one batched pass at the next
-  `flush`, or when `backlog_capacity` positions are queued. The drafts are the same either way;
+- `follow(first_row, ...)`: pairs committed without the drafter (prompts, plain and
+  suffix-match steps): extended now (`sync="eager"`) or queued in the backlog (`sync="lazy"`),
+  which keeps the target's features of those positions and runs the drafter over them in one
+  batched pass at the next `flush`, or when `backlog_capacity` positions are queued (a
+  capacity of the row's whole length never flushes early: while a loop decodes without SD, the
+  drafter does no work at all). The drafts are the same either way;
 - `flush(batch)`: catch up on the backlog of rows [0, batch): call before drafting;
 - `move_row(source, target)` / `free_row(row)`: follow the engine's row moves (a finished
   row's slot takes the last running row) and free a row.
@@ -103,43 +105,65 @@ class DrafterRows:
         self.last_hidden[rows] = torch.where((counts > 0)[:, None], hidden[last],
                                              self.last_hidden[rows])
 
-    def follow(self, following: torch.Tensor, target_hidden: Sequence[torch.Tensor],
-               counts: torch.Tensor, host_counts: Sequence[int] | np.ndarray) -> None:
-        """Pairs committed without the drafter, for rows [0, B) (arguments as in extend):
-        extended now or queued, by `sync`."""
+    def follow(self, first_row: int, following: torch.Tensor,
+               target_hidden: Sequence[torch.Tensor], counts: torch.Tensor,
+               host_counts: Sequence[int] | np.ndarray) -> None:
+        """Pairs committed without the drafter, for rows [first_row, first_row + B) (arguments
+        as in extend): extended now or queued, by `sync`. Queued pairs cost no drafter pass
+        until a flush, unless the backlog would overflow `backlog_capacity`."""
         batch, width = following.shape
         if self.sync == "eager":
-            self.extend(0, following, target_hidden, counts, host_counts)
+            self.extend(first_row, following, target_hidden, counts, host_counts)
             return
-        if int(self._backlog_len_host[:batch].max()) + width > self.backlog_capacity:
-            self.flush(batch)
+        rows = slice(first_row, first_row + batch)
+        if int(self._backlog_len_host[rows].max()) + width > self.backlog_capacity:
+            self.flush(first_row + batch)
         features = torch.stack(tuple(target_hidden[:self._num_features]), dim=2)  # (B, T, F, H)
         if self._backlog_tokens is None:
-            rows, capacity = self.cache.shape.batch, self.backlog_capacity
-            self._backlog_tokens = torch.zeros(rows, capacity, dtype=torch.int64,
+            total, capacity = self.cache.shape.batch, self.backlog_capacity
+            self._backlog_tokens = torch.zeros(total, capacity, dtype=torch.int64,
                                                device=following.device)
-            self._backlog_features = features.new_zeros((rows, capacity) + features.shape[2:])
+            self._backlog_features = features.new_zeros((total, capacity) + features.shape[2:])
         # row b's T columns go after its backlog; columns past counts[b] are padding that the
         # row's next pairs overwrite, and _backlog_len never counts
-        columns = (self._backlog_len[:batch, None]
+        columns = (self._backlog_len[rows, None]
                    + torch.arange(width, device=following.device)
                    ).clamp(max=self.backlog_capacity - 1)  # (B, T)
-        rows = torch.arange(batch, device=following.device)[:, None].expand(batch, width)
-        self._backlog_tokens[rows, columns] = following
-        self._backlog_features[rows, columns] = features
-        self._backlog_len[:batch] += counts
-        self._backlog_len_host[:batch] += np.asarray(host_counts, dtype=np.int64)
+        row_index = torch.arange(first_row, first_row + batch,
+                                 device=following.device)[:, None].expand(batch, width)
+        self._backlog_tokens[row_index, columns] = following
+        self._backlog_features[row_index, columns] = features
+        self._backlog_len[rows] += counts
+        self._backlog_len_host[rows] += np.asarray(host_counts, dtype=np.int64)
+
+    def pending(self, batch: int) -> int:
+        """The most queued pairs of any row in [0, batch): the width of the next flush."""
+        return int(self._backlog_len_host[:batch].max()) if batch else 0
 
     def flush(self, batch: int) -> None:
-        """The drafter catches up on the backlog of rows [0, batch) in one pass."""
-        width = int(self._backlog_len_host[:batch].max())
-        if width == 0:
-            return
-        features = self._backlog_features[:batch, :width]  # (B, T, F, H)
-        self.extend(0, self._backlog_tokens[:batch, :width], features.unbind(dim=2),
-                    self._backlog_len[:batch], self._backlog_len_host[:batch].copy())
-        self._backlog_len.zero_()
-        self._backlog_len_host[:] = 0
+        """The drafter catches up on the backlog of rows [0, batch): one pass over runs of
+        consecutive rows, as few as fit. A pass writes its widest backlog's columns after
+        every row's cached pairs, so rows whose cached pairs plus that width would overrun the
+        cache (a row long caught up beside one whose whole prompt is queued) go in another."""
+        queued = self._backlog_len_host[:batch]
+        cached = self.cache.host_lengths[:batch]
+        slots = self.cache.shape.max_len
+        first = 0
+        while first < batch:
+            width, longest, last = 0, 0, first
+            while last < batch and max(longest, cached[last]) + max(width, queued[last]) <= slots:
+                width, longest = max(width, int(queued[last])), max(longest, int(cached[last]))
+                last += 1
+            last = max(last, first + 1)  # a row alone always fits: max_len bounds its pairs
+            width = max(width, int(queued[first:last].max()))
+            if width:
+                rows = slice(first, last)
+                features = self._backlog_features[rows, :width]  # (B, T, F, H)
+                self.extend(first, self._backlog_tokens[rows, :width], features.unbind(dim=2),
+                            self._backlog_len[rows], queued[rows].copy())
+            first = last
+        self._backlog_len[:batch] = 0
+        self._backlog_len_host[:batch] = 0
 
     def move_row(self, source: int, target: int) -> None:
         """Row `source`'s state over row `target` (the engine moved its sample there)."""

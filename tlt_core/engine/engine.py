@@ -69,12 +69,15 @@ class EngineConfig:
     # Cache slots past max_len that a speculative step may write (its tree's nodes, in the
     # target's and the drafter's caches); bounds num_verify_tokens and (depth - 1) * topk.
     spec_reserve: int = 64
-    # How the drafter's cache follows positions committed without it (plain and suffix-match
-    # steps): "lazy" keeps their target features in a backlog and runs the drafter over it in
-    # one batched pass when it drafts next (or the backlog holds draft_backlog positions);
-    # "eager" runs the drafter after every such step. Same drafts either way (DrafterRows).
+    # How the drafter's cache follows positions committed without it (prompts, plain and
+    # suffix-match steps): "lazy" keeps their target features in a backlog and runs the drafter
+    # over it in one batched pass when it drafts next (or the backlog holds draft_backlog
+    # positions); "eager" runs the drafter after every such step. Same drafts either way
+    # (DrafterRows). draft_backlog None: a row's whole length, so a loop that decodes without
+    # SD runs no drafter pass at all, and the catch-up is paid once, by the step that turns SD
+    # on; it holds max_batch x (max_len + spec_reserve) x feature layers x hidden features.
     drafter_sync: str = "lazy"
-    draft_backlog: int = 128
+    draft_backlog: int | None = None
     # Prefill's token budget: samples are admitted together while their padded prompts fit it,
     # and prefilled in chunks of at most this many tokens (a prompt of any length fits).
     prefill_tokens: int = 8192
@@ -100,7 +103,7 @@ class EngineConfig:
             raise ValueError(f"graph_pool: must be one of {GRAPH_POOLS}, got {self.graph_pool!r}")
         if self.graphs not in (None, True, False):
             raise ValueError(f"graphs: must be None, True or False, got {self.graphs!r}")
-        if self.draft_backlog < self.spec_reserve:
+        if self.draft_backlog is not None and self.draft_backlog < self.spec_reserve:
             raise ValueError(f"draft_backlog: must be >= spec_reserve ({self.spec_reserve}), "
                              f"got {self.draft_backlog}")
 
@@ -131,7 +134,7 @@ class _Run:
     """One generate call's state."""
 
     waiting: deque[_Sample]
-    choose: Callable[[int], DraftPlan | None] | None  # None: every step plain
+    choose: Callable[[int, int], DraftPlan | None] | None  # (batch, context); None: plain
     observers: tuple[StepObserver, ...]
     suffix_index: SuffixIndex
     drafting: bool  # the drafter follows every committed position (a plan may use it)
@@ -144,6 +147,7 @@ class _Run:
     trace_time: list[float] = field(default_factory=list)
     trace_running: list[int] = field(default_factory=list)
     trace_speculative: list[bool] = field(default_factory=list)
+    step_trace: list[StepOutcome] = field(default_factory=list)
     harvest_s: float = 0.0
 
     def clock(self) -> float:
@@ -201,7 +205,7 @@ class RolloutEngine:
         self.rows = RowState(config.max_batch, weight.device)
         self.drafter_rows = (None if drafter is None else DrafterRows(
             drafter, config.max_batch, slots, sync=config.drafter_sync,
-            backlog_capacity=config.draft_backlog))
+            backlog_capacity=slots if config.draft_backlog is None else config.draft_backlog))
         # Sibling and previous-call responses for suffix-match drafts: each generate call turns
         # the previous call's responses into history (add_history adds a caller's own).
         self.suffix_index = SuffixIndex()
@@ -254,7 +258,8 @@ class RolloutEngine:
         return RolloutResult(run.finished, torch.tensor(run.trace_time, dtype=torch.float64),
                              torch.tensor(run.trace_running, dtype=torch.int64), run.clock(),
                              run.steps, tuple(run.spec_steps), run.harvest_s,
-                             torch.tensor(run.trace_speculative, dtype=torch.bool))
+                             torch.tensor(run.trace_speculative, dtype=torch.bool),
+                             tuple(run.step_trace))
 
     def graph_memory(self) -> dict:
         """The decode graphs held (count, "pool": shared or per_graph, "reserved_bytes": what
@@ -267,7 +272,10 @@ class RolloutEngine:
                request_ids: Sequence[int] | None, observe: StepObserver | None,
                suffix_index: SuffixIndex | None) -> _Run:
         choose = self._plan_chooser(strategy)
-        told = strategy.observe if isinstance(strategy, PlanPolicy) else None
+        told = None
+        if isinstance(strategy, PlanPolicy):
+            strategy.start_call()
+            told = strategy.observe
         index = self.suffix_index if suffix_index is None else suffix_index
         index.new_round()
         drafting = choose is not None and self.drafter is not None
@@ -323,10 +331,9 @@ class RolloutEngine:
         tokens, logprobs = sample_roots(out.logits[:, 0], prompts[last_index],
                                         **self.rows.sampling(rows))
         if run.drafting:  # pairs (f_t, x_{t+1}): the prompt shifted by one, then the new token
-            # (prompts go to the drafter at once: one batched pass, not worth a backlog)
             following = torch.cat((prompts[:, 1:], prompts[:, :1]), dim=1)  # (B_new, T)
             following[last_index] = tokens
-            self.drafter_rows.extend(first_row, following, out.hidden_states, prompt_lens,
+            self.drafter_rows.follow(first_row, following, out.hidden_states, prompt_lens,
                                      lengths)
         self.rows.advance(rows, tokens, 1)
         token_list, logprob_list = self.host.read(tokens, logprobs)
@@ -370,10 +377,15 @@ class RolloutEngine:
 
     def _step(self, run: _Run) -> None:
         """One decode step over the running rows, with the plan the policy chose for their
-        number; then the finished rows retire."""
-        batch = len(run.running)
+        number and context; then the finished rows retire."""
+        batch, step = len(run.running), run.steps
+        context = int(self.cache.host_lengths[:batch].sum()) // batch
         started = self.step_clock.mark()
-        plan = None if run.choose is None else run.choose(batch)
+        plan = None if run.choose is None else run.choose(batch, context)
+        caught_up = started
+        if plan is not None and plan.uses_drafter and self.drafter_rows.pending(batch):
+            self.drafter_rows.flush(batch)  # the drafter needs every committed pair
+            caught_up = self.step_clock.mark()
         if plan is None:
             self._plain_step(run)
             emitted = batch
@@ -382,11 +394,14 @@ class RolloutEngine:
         ended = self.step_clock.mark()
 
         def tell(seconds: list[float]) -> None:
-            outcome = StepOutcome(batch, plan, emitted, seconds[0])
+            outcome = StepOutcome(step, batch, context, plan, emitted, sum(seconds),
+                                  seconds[0] if caught_up is not started else 0.0)
+            run.step_trace.append(outcome)
             for observer in run.observers:
                 observer(outcome)
 
-        self.step_clock.when_timed((started, ended), tell)
+        marks = (started, caught_up, ended) if caught_up is not started else (started, ended)
+        self.step_clock.when_timed(marks, tell)
         self._retire(run)
         run.steps += 1
         run.trace_time.append(run.clock())
@@ -450,10 +465,8 @@ class RolloutEngine:
 
     def _draft(self, run: _Run, plan: DraftPlan) -> ops.DraftTree:
         """Every running row's draft tree (B, N), node 0 its root (padded rows past B with
-        fixed-shape passes)."""
+        fixed-shape passes); the drafter has caught up (_step)."""
         batch = len(run.running)
-        if plan.uses_drafter:
-            self.drafter_rows.flush(batch)  # the drafter needs every committed pair
         return self._passes.draft(batch, plan, [sample.key for sample in run.running],
                                   run.suffix_index)
 
@@ -498,7 +511,7 @@ class RolloutEngine:
                 self._passes.catch_up(len(run.running), following, c.hidden, c.counts,
                                       c.count_list, width)
             else:
-                self.drafter_rows.follow(following, c.hidden, c.counts, c.count_list)
+                self.drafter_rows.follow(0, following, c.hidden, c.counts, c.count_list)
         kept = [self._append(sample, tokens, logprobs, count) for sample, count, tokens, logprobs
                 in zip(run.running, c.count_list, c.emitted_rows, c.logprob_rows)]
         # a position belongs to the sequence only if the token after it was kept
@@ -507,17 +520,20 @@ class RolloutEngine:
 
     # ---- helpers -----------------------------------------------------------------------------
 
-    def _plan_chooser(self, strategy: Speculation) -> Callable[[int], DraftPlan | None] | None:
-        """generate's strategy as a function of the running batch size, its plans checked."""
+    def _plan_chooser(self, strategy: Speculation
+                      ) -> Callable[[int, int], DraftPlan | None] | None:
+        """generate's strategy as a function of the running batch size and the rows' mean
+        context, its plans checked."""
         if strategy is None:
             return None
         if isinstance(strategy, DraftPlan):
             self._checked(strategy)
-            return lambda batch: strategy
+            return lambda batch, context: strategy
         if isinstance(strategy, PlanPolicy):
             choose = strategy.choose
         elif callable(strategy):
-            choose = strategy
+            def choose(batch: int, context: int, of_batch=strategy) -> DraftPlan | None:
+                return of_batch(batch)
         else:
             raise TypeError(f"strategy: expected None, a DraftPlan, a PlanPolicy or a function "
                             f"of the running batch size, got {strategy!r}")
@@ -525,8 +541,8 @@ class RolloutEngine:
         # and a runtime Protocol check evaluates every property of the plan.
         checked: dict[int, DraftPlan] = {}  # id -> the plan (kept here, so ids stay unique)
 
-        def choose_checked(batch: int) -> DraftPlan | None:
-            plan = choose(batch)
+        def choose_checked(batch: int, context: int) -> DraftPlan | None:
+            plan = choose(batch, context)
             if plan is not None and checked.get(id(plan)) is not plan:
                 checked[id(plan)] = self._checked(plan)
             return plan

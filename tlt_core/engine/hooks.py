@@ -1,7 +1,8 @@
 """The engine's extension points: who chooses each step's draft plan, who is told how the step
 went, and who receives the positions the target committed.
 
-- `PlanPolicy`: asked before every decode step with the running batch size, it returns a
+- `PlanPolicy`: told when a generate call starts (per-call state resets there), asked before
+  every decode step with the running batch size and the rows' mean context, it returns a
   `tlt_core.drafting.DraftPlan` (speculate with it) or None (a plain step); after the step it is
   told the `StepOutcome`. `tlt_core.adaptive.AdaptivePolicy` is one.
 - A plain function `batch -> DraftPlan | None` is a policy that wants no feedback.
@@ -24,18 +25,33 @@ from tlt_core.drafting.plan import DraftPlan
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """How one decode step went."""
+    """How one decode step went: a row of the call's step trace (RolloutResult.step_trace)."""
 
+    step: int  # index among the call's decode steps
     batch: int  # running rows
+    context: int  # the rows' mean tokens in the cache before the step
     plan: DraftPlan | None  # None: a plain step
     emitted: int  # tokens the step committed, summed over rows
-    seconds: float  # wall time of the step
+    # wall time of the whole step (drafting, verification, the drafter's catch-up, host reads)
+    seconds: float
+    # of which: the drafter catching up on positions committed while it did not draft (paid
+    # by the step that turns SD on)
+    catch_up_s: float = 0.0
+
+    @property
+    def arm(self) -> str:
+        """The plan's key; "plain" for a plain step."""
+        return "plain" if self.plan is None else self.plan.key
 
 
 @runtime_checkable
 class PlanPolicy(Protocol):
-    def choose(self, batch: int) -> DraftPlan | None:
-        """The plan for a step at this running batch size; None for a plain step."""
+    def start_call(self) -> None:
+        """A generate call begins: reset what must not carry over from the last one."""
+
+    def choose(self, batch: int, context: int) -> DraftPlan | None:
+        """The plan for a step at this running batch size and mean row context (tokens);
+        None for a plain step."""
 
     def observe(self, outcome: StepOutcome) -> None:
         """How the step it chose went."""

@@ -1,5 +1,6 @@
 """What goes into the engine and what comes out: requests with their sampling parameters, and the
-rollout records of one generate call (samples, step statistics, the running-batch trace).
+rollout records of one generate call (samples, step statistics, the running-batch trace, the
+per-step trace of batch, context, plan, tokens and seconds).
 
 Shapes: T_gen generated tokens of one sample, including its stop token.
 
@@ -19,6 +20,7 @@ from typing import Sequence
 import torch
 
 import tlt_core.ops as ops
+from tlt_core.engine.hooks import StepOutcome
 
 # Bucket i holds contexts c with EDGES[i - 1] <= c < EDGES[i]; the first has no lower edge,
 # the last no upper one.
@@ -157,6 +159,8 @@ class RolloutResult:
     # (steps,) bool: whether each decode step was speculative
     trace_speculative: torch.Tensor = field(
         default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+    # every decode step in order: batch, context, plan, tokens committed, seconds
+    step_trace: tuple[StepOutcome, ...] = ()
 
     @property
     def acceptance_length(self) -> float | None:
@@ -170,6 +174,14 @@ class RolloutResult:
         """acceptance_length per context bucket (POSITION_BUCKET_LABELS -> mean tokens a row
         emits per speculative step, None where no row-step fell)."""
         return acceptance_by_position(self.spec_steps)
+
+
+def step_trace_rows(trace: Sequence[StepOutcome]) -> list[dict]:
+    """A step trace as JSON rows: step, running batch, mean context, arm ("plain" or the plan's
+    key), tokens committed, seconds, catch-up seconds."""
+    return [{"step": o.step, "batch": o.batch, "context": o.context, "arm": o.arm,
+             "emitted": o.emitted, "seconds": o.seconds, "catch_up_s": o.catch_up_s}
+            for o in trace]
 
 
 def seconds_at_or_below(trace_time_s: Sequence[float], trace_running: Sequence[int],

@@ -4,7 +4,7 @@ On the CPU a mark is the host clock and a step's phases are known at once. On a 
 runs ahead of the device, so host wall time would time the launches, not the work: a mark is a
 CUDA event, and the seconds between marks are read only once the last event has completed,
 which `poll` checks without waiting (the next step's host read has waited for it by then) and
-`flush` waits for at the end of a call. What the times are for (the bandit's rewards, the
+`flush` waits for at the end of a call. What the times are for (the adaptive loop's measurements, the
 calibration's step costs) is handed over then, in step order.
 """
 
