@@ -12,7 +12,6 @@
 #include <string>
 
 #include "tlt/device.h"
-#include "tlt/bandit.h"
 #include "tlt/idle.h"
 #include "tlt/kv_cache.h"
 #include "tlt/random.h"
@@ -233,41 +232,6 @@ PYBIND11_MODULE(_C, m) {
       .def("device_count", &tlt::NvmlProbe::device_count)
       .def("utilization", &tlt::NvmlProbe::utilization, py::arg("index"), nogil)
       .def("index_of_uuid", &tlt::NvmlProbe::index_of_uuid, py::arg("uuid"), nogil);
-  // Strategy bandit (tlt/bandit.h); std::invalid_argument surfaces as ValueError.
-  py::class_<tlt::BucketBandit>(m, "BucketBandit")
-      .def(py::init([](std::vector<int32_t> bucket_edges, int32_t num_arms, double epsilon,
-                       int32_t window, double prior_weight, uint64_t seed) {
-             return tlt::BucketBandit(tlt::BanditConfig{std::move(bucket_edges), num_arms,
-                                                        epsilon, window, prior_weight, seed});
-           }),
-           py::arg("bucket_edges"), py::arg("num_arms"), py::arg("epsilon"), py::arg("window"),
-           py::arg("prior_weight"), py::arg("seed"))
-      .def("bucket", &tlt::BucketBandit::bucket, py::arg("batch"))
-      .def_property_readonly("num_buckets", &tlt::BucketBandit::num_buckets)
-      .def_property_readonly("bucket_edges",
-                             [](const tlt::BucketBandit& self) { return self.config().bucket_edges; })
-      .def_property_readonly("num_arms",
-                             [](const tlt::BucketBandit& self) { return self.config().num_arms; })
-      .def_property_readonly("epsilon",
-                             [](const tlt::BucketBandit& self) { return self.config().epsilon; })
-      .def_property_readonly("window",
-                             [](const tlt::BucketBandit& self) { return self.config().window; })
-      .def("set_prior", &tlt::BucketBandit::set_prior, py::arg("bucket"), py::arg("arm"),
-           py::arg("reward"))
-      .def("select", &tlt::BucketBandit::select, py::arg("batch"))
-      .def("best", &tlt::BucketBandit::best, py::arg("batch"))
-      .def("update", &tlt::BucketBandit::update, py::arg("batch"), py::arg("arm"),
-           py::arg("reward"))
-      .def("estimate", &tlt::BucketBandit::estimate, py::arg("bucket"), py::arg("arm"))
-      .def("observations", &tlt::BucketBandit::observations, py::arg("bucket"), py::arg("arm"))
-      .def_property_readonly("explorations", &tlt::BucketBandit::explorations)
-      .def("save_state",
-           [](const tlt::BucketBandit& self) { return py::bytes(self.save_state()); })
-      .def("load_state",
-           [](tlt::BucketBandit& self, const py::bytes& state) {
-             self.load_state(std::string(state));
-           },
-           py::arg("state"));
   m.attr("built_with_cuda") = kBuiltWithCuda;
   m.attr("max_tree_nodes") = tlt::kMaxTreeNodes;
   m.attr("max_candidates") = tlt::kMaxCandidates;

@@ -40,3 +40,17 @@ def train_drafter(target: Transformer, steps: int = 150, draft_to_target=None,
     for _ in range(steps):
         train_step(drafter, optimizer, make_batch(order.sample(records, 16)))
     return drafter.eval()
+
+
+def switching_policy(plans):
+    """An AdaptivePolicy over plans whose prediction favours a different arm (plain decoding
+    among them) at each mean context, with no hysteresis: it changes arm, and mode, from step
+    to step, as the losslessness tests need."""
+    from tlt_core.adaptive.policy import AdaptivePolicy
+
+    arms = (None,) + tuple(plans)
+
+    def predict(batch, context, plan):
+        return 2.0 if arms[context % len(arms)] is plan else 1.0
+
+    return AdaptivePolicy(plans, predict=predict, hysteresis=1)

@@ -8,12 +8,12 @@ import warnings
 import pytest
 
 from tests.speculative_fixtures import PROMPTS, VOCAB
-from tlt_core.adaptive.cost_model import calibrate
+from tlt_core.adaptive.cost_model import SD_OFF, calibrate
 from tlt_core.adaptive.policy import AdaptivePolicy
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.drafting.tree import Strategy
-from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams, StepOutcome
 
 PLANS = (Strategy(2, 1, 3), SuffixMatch(4))
 KEYS = ("plain",) + tuple(plan.key for plan in PLANS)
@@ -48,7 +48,7 @@ def test_calibration_times_steps_when_every_first_token_is_a_stop_id(target, dra
     engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=64), drafter)
     stop_everywhere = SamplingParams(temperature=1.0, max_tokens=1, stop_ids=tuple(range(VOCAB)))
     calibration = [Request(p, stop_everywhere) for p in PROMPTS[:2]]
-    policy = _calibrate_warning_free(engine, calibration, bucket_edges=(1, 2, 4))
+    policy = _calibrate_warning_free(engine, calibration, batch_edges=(1, 2, 4))
     model = policy.cost_model
     assert set(model.rates) == {(batch, key) for batch in (1, 4) for key in KEYS}
     assert all(rate > 0 for rate in model.rates.values())
@@ -65,7 +65,7 @@ def test_calibration_cuts_prompts_near_and_past_max_len(target, drafter):
     engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=max_len), drafter)
     calibration = [Request(p, SamplingParams(temperature=1.0, max_tokens=16))
                    for p in long_prompts]
-    policy = _calibrate_warning_free(engine, calibration, bucket_edges=(1, 2, 4))
+    policy = _calibrate_warning_free(engine, calibration, batch_edges=(1, 2, 4))
     model = policy.cost_model
     assert set(model.rates) == {(batch, key) for batch in (1, 4) for key in KEYS}
     assert max(model.context_max.values()) <= max_len
@@ -85,7 +85,7 @@ def test_batch_sizes_no_step_could_time_are_left_out_with_one_warning(target, dr
     engine, calibration = _admitted_one_at_a_time(target, drafter, max_batch=8)
     with pytest.warns(RuntimeWarning) as caught:
         policy = AdaptivePolicy.from_calibration(engine, PLANS, calibration,
-                                                 bucket_edges=(1, 2, 4, 8), max_tokens=4)
+                                                 batch_edges=(1, 2, 4, 8), max_tokens=4)
     assert len(caught) == 1
     message = str(caught[0].message)
     assert "at batch 4 for every plan and plain decoding; batch 8 for every plan" in message
@@ -93,23 +93,23 @@ def test_batch_sizes_no_step_could_time_are_left_out_with_one_warning(target, dr
     model = policy.cost_model
     assert model.batches == [1]  # every table covers the timed batch sizes only
     assert {batch for batch, _ in model.admission_s} == {1}
-    assert policy.switch.on_at <= 1
     assert model.rate(8, None) == model.rate(1, None)  # held at the nearest timed size
     _assert_policy_runs_losslessly(engine, policy, _greedy(PROMPTS[:8]))
 
 
-def test_nothing_timed_leaves_sd_off(target, drafter):
+def test_nothing_timed_leaves_the_loop_to_measure_from_plain(target, drafter):
     engine, calibration = _admitted_one_at_a_time(target, drafter, max_batch=4)
-    with pytest.warns(RuntimeWarning, match="SD stays off at every batch size") as caught:
-        policy = AdaptivePolicy.from_calibration(engine, PLANS, calibration, bucket_edges=(4,),
+    with pytest.warns(RuntimeWarning, match="the adaptive loop starts from plain") as caught:
+        policy = AdaptivePolicy.from_calibration(engine, PLANS, calibration, batch_edges=(4,),
                                                  max_tokens=4)
     assert len(caught) == 1
     model = policy.cost_model
-    assert model.batches == [] and model.threshold(PLANS) == 0 and policy.switch.on_at == 0
+    assert model.batches == [] and model.threshold(PLANS) == 0
+    assert policy.predict(4, 10, None) == policy.predict(4, 10, PLANS[0])  # no prediction
     with pytest.raises(LookupError, match="rate"):
         model.rate(4, None)
     result = _assert_policy_runs_losslessly(engine, policy, _greedy(PROMPTS[:4]))
-    assert not result.spec_steps and policy.stats.plain_steps == result.decode_steps > 0
+    assert result.step_trace[0].plan is None  # no prediction: plain first, then measure
     # a max_len that leaves a row one token: no step at all, the same fallback
     tiny = RolloutEngine(target, EngineConfig(max_batch=2, max_len=2), drafter)
     with pytest.warns(RuntimeWarning, match="nothing was timed"):
@@ -125,3 +125,45 @@ def test_bad_calibration_arguments_are_named(target, drafter):
         calibrate(engine, PLANS, (1,), [])
     with pytest.raises(ValueError, match="max_tokens"):
         calibrate(engine, PLANS, (1,), requests, max_tokens=1)
+
+
+def test_calibration_sweeps_keep_medians_and_can_time_sd_off(target, drafter):
+    engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=64), drafter)
+    calibration = [Request(p, SamplingParams(temperature=1.0, max_tokens=12)) for p in PROMPTS[:2]]
+    plan = Strategy(2, 1, 3)
+    model = calibrate(engine, [plan], (1, 4), calibration, max_tokens=12, sd_off=True, reps=3)
+    # SD off for the whole call (no drafter in the loop) is measured beside the adaptive
+    # loop's plain steps and the plan
+    assert set(model.rates) == {(b, k) for b in (1, 4) for k in ("off", "plain", plan.key)}
+    assert set(model.admission_s) == set(model.rates)
+    assert model.key(SD_OFF) == "off" and model.key(None) == "plain"
+    assert model.acceptance[plan.key] >= 1
+    with pytest.raises(ValueError, match="reps"):
+        calibrate(engine, [plan], (1,), calibration, reps=0)
+
+
+def test_a_burst_in_one_calibration_sweep_is_ignored(target, drafter, monkeypatch):
+    """Scripted measurements: the second of three sweeps is 5x slower (someone else's work on
+    a shared machine); the model keeps every sweep's median."""
+    import tlt_core.adaptive.cost_model as cost_model
+
+    sweep = iter([1, 1, 5, 5, 1.2, 1.2])  # a step's seconds: (plain, plan) per sweep
+
+    def scripted(engine, requests, plan, batch):
+        recorder = cost_model._Recorder(plan, batch)
+        step = next(sweep)
+        emitted = 3 if plan is not None else 1  # a plan's rows emit 3 tokens a step
+        for index in range(4):
+            recorder.observe(StepOutcome(index, batch, 8, plan, batch * emitted, step))
+        recorder.wall_s = recorder.all_steps_s + step / 10  # admission: a tenth of a step
+        return recorder
+
+    monkeypatch.setattr(cost_model, "_measure", scripted)
+    engine = RolloutEngine(target, EngineConfig(max_batch=2, max_len=64), drafter)
+    calibration = [Request(PROMPTS[0], SamplingParams(max_tokens=8))]
+    plan = Strategy(2, 1, 3)
+    model = calibrate(engine, [plan], (2,), calibration, reps=3)
+    assert model.acceptance == {plan.key: 3}
+    assert model.rates == {(2, "plain"): pytest.approx(2 / 1.2),
+                           (2, plan.key): pytest.approx(2 * 3 / 1.2)}
+    assert model.admission_s[(2, "plain")] == pytest.approx(0.12)

@@ -4,7 +4,7 @@ Layers, lowest first (a layer imports only the ones before it): `ops` (fused dra
 kernels, C++ and CUDA, and their PyTorch oracle), `persistence` (atomic writes, checkpoint
 folders, folder locks), `optim` (learning-rate schedule, master weights), `model` (the target,
 KV cache, checkpoints), `drafting` (drafter, draft plans, drafter training, export), `engine`
-(the rollout engine), `adaptive` (SD switch, bandit, cost model, graph pool), `workers` (ranks,
+(the rollout engine), `adaptive` (buckets, arm table, cost model, policy), `workers` (ranks,
 harvest, idle detector, spot trainer, refresh, watchdog), `warmup` (the drafter's offline EAGLE
 warm-up), `tasks` (prompt data, rewards, a run's inputs), `rl` (GRPO and PPO math, the driver),
 `outputs` (a run's metrics, report, policy folder, run folder), `integrations` (TRL), `sim`

@@ -1,16 +1,18 @@
 """The adaptive rollout loop: speculate only where it pays, with the plan that pays most there.
 
-`sd_switch.py` turns SD on at small running batches and off at large ones, with hysteresis;
-`bandit.py` picks a draft plan per batch-size bucket (BEG-MAB, C++); `cost_model.py` measures
-this engine's step costs at start, which seed both; `policy.py` composes them into
-`AdaptivePolicy`, a PlanPolicy for `RolloutEngine.generate`. None of it changes what is
-sampled: every plan is verified losslessly.
+`buckets.py` names the cells it learns in (running-batch bucket x context-length bucket);
+`arm_table.py` keeps each arm's measured tokens per second per cell (plain decoding is an arm);
+`cost_model.py` measures this engine's step costs at start, which seed the table's priors;
+`policy.py` composes them into `AdaptivePolicy`, a PlanPolicy for `RolloutEngine.generate`
+that exploits the best measured arm and explores only within a 3% budget. None of it changes
+what is sampled: every plan is verified losslessly.
 """
 
-from tlt_core.adaptive.bandit import DEFAULT_BUCKET_EDGES, PlanBandit
+from tlt_core.adaptive.arm_table import ArmTable
+from tlt_core.adaptive.buckets import DEFAULT_BATCH_EDGES, DEFAULT_CONTEXT_EDGES, StepBuckets
 from tlt_core.adaptive.cost_model import SD_OFF, CostModel, calibrate
-from tlt_core.adaptive.policy import DEFAULT_PLANS, AdaptivePolicy, AdaptiveStats
-from tlt_core.adaptive.sd_switch import SDSwitch
+from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy, AdaptiveStats
 
-__all__ = ["AdaptivePolicy", "AdaptiveStats", "CostModel", "DEFAULT_BUCKET_EDGES",
-           "DEFAULT_PLANS", "PlanBandit", "SDSwitch", "SD_OFF", "calibrate"]
+__all__ = ["AdaptivePolicy", "AdaptiveStats", "ArmTable", "CostModel", "DEFAULT_BATCH_EDGES",
+           "DEFAULT_CONTEXT_EDGES", "DEFAULT_PLANS", "SAMPLED_PLANS", "SD_OFF", "StepBuckets",
+           "calibrate"]

@@ -10,13 +10,13 @@ components: on a small model the per-op overhead around the components (the acce
 Python between kernels) is a large share of a step, and a sum of component timings leaves it
 out.
 
-`rate(B, plan)` is the bandit's prior (interpolated between calibrated batches);
-`threshold(plans)` the largest calibrated batch at which some plan beats plain decoding by
-`margin`: the SD switch's default.
+`rate(B, plan, context)` is the adaptive loop's prediction (interpolated between calibrated
+batches), whose level the loop's own steps correct; `threshold(plans)` the largest calibrated
+batch at which some plan beats plain decoding by `margin` (the simulator's switch point).
 
 Two kinds of plain step: `None`, a plain step of a loop that may speculate later (the adaptive
 loop's SD-off phase: the target also returns the drafter's features, which the drafter's
-backlog keeps), and `SD_OFF`, plain decoding with speculation off for the whole call (no
+backlog queues without running the drafter), and `SD_OFF`, plain decoding with speculation off for the whole call (no
 drafter in the loop: what a rollout without SD costs). The second is cheaper; it is measured
 when `calibrate(..., sd_off=True)`, and a model without it uses the first for both.
 
@@ -27,8 +27,8 @@ index per measurement, so it neither reads nor adds to the engine's history.
 Calibration needs steps, not text, so it runs every request as one sample of exactly
 `max_tokens` tokens with its stop ids dropped: a model whose first token ends its turn still
 decodes. Past a stop id the model continues a text no workload has, so a plan's acceptance
-there can differ from the workload's; the bandit replaces its priors with the workload's own
-steps. A prompt that would leave fewer than `max_tokens` slots in `EngineConfig.max_len` keeps
+there can differ from the workload's; the adaptive loop corrects the prediction with the
+workload's own steps. A prompt that would leave fewer than `max_tokens` slots in `EngineConfig.max_len` keeps
 its last tokens only (the end of a chat prompt is what a response follows).
 
 What it still cannot time it leaves out, with one warning, and never raises for: a batch size
@@ -36,9 +36,8 @@ at which some plan (or plain decoding) never ran a step with all its rows (promp
 `EngineConfig.prefill_tokens` to admit them together, so the first rows finish before the last
 arrive; a max_len that leaves a row one token) is dropped from every table. Its rates are then
 interpolated between, or held at, the nearest timed batch sizes, and `threshold` chooses among
-timed batch sizes only, so SD is not switched on where nothing showed that it pays. With no
-batch size timed the model is empty: `threshold` is 0 (SD off at every batch size) and `rate`
-raises LookupError.
+timed batch sizes only. With no batch size timed the model is empty: `threshold` is 0 and
+`rate` raises LookupError (the adaptive loop then has no prediction and measures every arm).
 """
 
 from __future__ import annotations
@@ -245,9 +244,9 @@ def _untimed_warning(missing: dict[int, list[str]], timed: list[int], keys_per_b
                                                if len(keys) == keys_per_batch else ", ".join(keys))
                      for batch, keys in missing.items() if keys)
     fallback = (f"those batch sizes are left out: their rates are interpolated between, or held "
-                f"at, the timed sizes {timed}, and the SD switch's threshold is one of those or 0"
-                if timed else "nothing was timed: the cost model is empty and SD stays off at "
-                "every batch size")
+                f"at, the timed sizes {timed}"
+                if timed else "nothing was timed: the cost model is empty, and the adaptive loop "
+                "starts from plain decoding with no prediction, measuring every arm itself")
     return (f"calibration: no step ran with all rows at {gaps}; rows finished before all were "
             f"admitted (prompts too long for EngineConfig.prefill_tokens to admit together, or "
             f"a max_len that leaves a row one token); {fallback}")
@@ -265,7 +264,10 @@ class _Recorder:
         self.all_steps_s = 0.0  # every step's time, whatever its batch
         self.wall_s = 0.0  # the whole generate call
 
-    def choose(self, batch: int) -> DraftPlan | None:
+    def start_call(self) -> None:
+        pass  # one recorder per call
+
+    def choose(self, batch: int, context: int) -> DraftPlan | None:
         return self.plan
 
     def observe(self, outcome: StepOutcome) -> None:

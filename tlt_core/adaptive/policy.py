@@ -1,12 +1,28 @@
-"""The adaptive rollout loop: SD only where it pays, the draft plan chosen per batch bucket.
+"""The adaptive rollout loop: one decision over measured truth, per step.
 
-An `AdaptivePolicy` is a `tlt_core.engine.PlanPolicy`: before each step it asks the SD switch
-whether to speculate at this running batch size and, if so, the bandit which plan (learned-
-drafter shapes, suffix-match drafts); after each step the engine tells it the `StepOutcome`,
-whose tokens emitted per second are the bandit's reward. `from_calibration` builds one whose
-switch threshold and bandit priors come from a cost model measured on this engine at start;
-where calibration could time nothing (see `tlt_core.adaptive.cost_model`), the switch stays
-off and the bandit, never asked, keeps no priors.
+An `AdaptivePolicy` is a `tlt_core.engine.PlanPolicy`. Its arms are plain decoding and every SD
+plan; its cells are (running-batch bucket x context-length bucket) (`StepBuckets`). Before each
+step it picks the arm with the most committed tokens per second at the step's batch and
+context, by the loop's own steps in that cell (`ArmTable`: wall time of the whole step,
+drafting, verification and host reads included). Calibration (`CostModel`) only predicts how
+each arm's rate varies with batch and context; the loop's own steps set the level, and
+overrule it. After each step the engine tells it the `StepOutcome`, which goes into the table.
+
+Never worse by construction:
+- exploration is conservative: an arm other than the best is tried only while its upper
+  confidence bound beats the best arm's estimate, and only when the cell's exploration budget
+  covers the step's worst case: each step in a cell adds `tolerance` (3%) of its seconds to the
+  budget, each exploration spends what it lost against the best arm (the seconds it took minus
+  the seconds the best arm needs for the same tokens), and a drafter catch-up spends its
+  seconds. So within a call, what exploring costs in a cell stays within `tolerance` of the
+  time the cell took, and exploration dies out as the bounds tighten;
+- switching between plain and SD needs `hysteresis` consecutive steps that prefer the other
+  mode (switching plans within SD is free): turning SD on makes the drafter catch up on every
+  position committed while it was off (tlt_core.engine.DrafterRows), which that step pays;
+- per generate call (`start_call`): the mode and its hysteresis count. Carried across calls:
+  the table, so one RL step's measurements are the next one's prior, and the exploration
+  budgets, so a cell the tail visits for a few steps per call can still afford a trial.
+There is no threshold to latch: a batch bucket at max_batch is a cell like any other.
 
 Outputs do not depend on any of this: every plan is verified losslessly, so the policy only
 decides how fast the same distribution is sampled (greedy: the same tokens).
@@ -14,12 +30,15 @@ decides how fast the same distribution is sampled (greedy: the same tokens).
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from functools import lru_cache
+from typing import Callable, Optional, Sequence
 
-from tlt_core.adaptive.bandit import DEFAULT_BUCKET_EDGES, PlanBandit
+from tlt_core.adaptive.arm_table import ArmTable, Estimate
+from tlt_core.adaptive.buckets import DEFAULT_BATCH_EDGES, DEFAULT_CONTEXT_EDGES, StepBuckets
 from tlt_core.adaptive.cost_model import CostModel, calibrate
-from tlt_core.adaptive.sd_switch import SDSwitch
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.sampled_chain import SampledChain
 from tlt_core.drafting.tree import Strategy
@@ -32,12 +51,25 @@ from tlt_core.engine.records import Request
 SAMPLED_PLANS = (SampledChain(4), SampledChain(6))
 DEFAULT_PLANS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(6, 1, 7), Strategy(8, 1, 9),
                  Strategy(4, 2, 8), Strategy(6, 4, 16))
+PLAIN = 0  # the arm index of plain decoding
+UNMEASURED_STEP_FACTOR = 3.0  # an unmeasured arm's step, in the best arm's steps (worst case)
+
+# tokens per second of a plan (None: plain decoding) at a running batch and mean context
+Predict = Callable[[int, int, Optional[DraftPlan]], float]
+
+
+def flat(batch: int, context: int, plan: DraftPlan | None) -> float:
+    """No prediction: every arm alike until measured (plain first on ties)."""
+    return 1.0
 
 
 @dataclass
 class AdaptiveStats:
     spec_steps: int = 0
     plain_steps: int = 0
+    explorations: int = 0  # steps of an arm other than the best, to measure it
+    switches: int = 0  # plain <-> SD mode changes
+    catch_up_s: float = 0.0  # the drafter's catch-ups, paid by the steps that turned SD on
 
     @property
     def sd_on_share(self) -> float:
@@ -45,30 +77,56 @@ class AdaptiveStats:
         return self.spec_steps / total if total else 0.0
 
 
+@dataclass(frozen=True)
+class _Choice:
+    cell: int
+    arm: int
+    explored: bool
+    best_rate: float  # the best arm's estimate when chosen (tokens / s)
+    predicted: float  # the chosen arm's predicted rate at the step (tokens / s)
+
+
 class AdaptivePolicy:
-    def __init__(self, plans: Sequence[DraftPlan], switch: SDSwitch,
-                 bandit: PlanBandit | None = None, cost_model: CostModel | None = None):
+    def __init__(self, plans: Sequence[DraftPlan], buckets: StepBuckets = StepBuckets(),
+                 table: ArmTable | None = None, *, predict: Predict = flat, hysteresis: int = 8,
+                 tolerance: float = 0.03, confidence: float = 1.0,
+                 cost_model: CostModel | None = None):
         self.plans = tuple(plans)
-        self.switch = switch
-        self.bandit = bandit if bandit is not None else PlanBandit(self.plans)
-        if [arm.key for arm in self.bandit.arms] != [plan.key for plan in self.plans]:
-            raise ValueError("bandit: its arms must be the policy's plans, in order")
+        keys = [plan.key for plan in self.plans]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"plans: duplicate keys in {keys}")
+        if not isinstance(hysteresis, int) or hysteresis < 1:
+            raise ValueError(f"hysteresis: must be an int >= 1 (steps), got {hysteresis!r}")
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance: must be in [0, 1), got {tolerance}")
+        if confidence < 0:
+            raise ValueError(f"confidence: must be >= 0, got {confidence}")
+        self.arms: tuple[DraftPlan | None, ...] = (None,) + self.plans
+        self.buckets = buckets
+        shape = (len(buckets.batch_edges), len(buckets.context_edges) + 1, len(self.arms))
+        self.table = table if table is not None else ArmTable(*shape)
+        if (self.table.groups, self.table.columns, self.table.arms) != shape:
+            raise ValueError(f"table: has {self.table.groups} x {self.table.columns} cells x "
+                             f"{self.table.arms} arms; the buckets have {shape[0]} x {shape[1]} "
+                             f"cells and the policy {shape[2]} arms (plain and the plans)")
+        self.hysteresis, self.tolerance, self.confidence = hysteresis, tolerance, confidence
         self.cost_model = cost_model
+        self.predict = lru_cache(maxsize=4096)(predict)  # a few (batch, context) per step
         self.stats = AdaptiveStats()
-        self._arm = {plan.key: index for index, plan in enumerate(self.plans)}
+        self._arm = {plan.key: index + 1 for index, plan in enumerate(self.plans)}
+        self._budget = [0.0] * buckets.cells  # exploration seconds each cell may spend
+        self.start_call()
 
     @classmethod
     def from_calibration(cls, engine: RolloutEngine, plans: Sequence[DraftPlan] = DEFAULT_PLANS,
                          calibration_requests: Sequence[Request] = (), *,
-                         bucket_edges: Sequence[int] = DEFAULT_BUCKET_EDGES,
-                         epsilon: float = 0.1, window: int = 32, prior_weight: float = 2.0,
-                         seed: int = 0, margin: float = 0.05, hysteresis: float = 2.0,
-                         max_tokens: int = 16) -> AdaptivePolicy:
-        """Calibrates engine's step costs (CostModel) and builds the policy on them: the switch
-        on at the cost model's threshold (off above hysteresis x it), the bandit's arms seeded
-        with the predicted tokens per second."""
-        if hysteresis < 1:
-            raise ValueError(f"hysteresis: must be >= 1, got {hysteresis}")
+                         batch_edges: Sequence[int] = DEFAULT_BATCH_EDGES,
+                         context_edges: Sequence[int] = DEFAULT_CONTEXT_EDGES,
+                         window: int = 32, prior_weight: float = 2.0, hysteresis: int = 8,
+                         tolerance: float = 0.03, max_tokens: int = 16) -> AdaptivePolicy:
+        """Calibrates engine's step costs (CostModel) on calibration_requests at every other
+        batch edge up to max_batch, and builds the policy on them (from_cost_model): the cost
+        model predicts each arm's rate at a step's batch and context."""
         plans = tuple(plans)
         if not plans:
             raise ValueError("plans: need at least one draft plan to adapt over")
@@ -77,32 +135,145 @@ class AdaptivePolicy:
             if not plans:
                 raise ValueError("plans: an engine without a drafter can only use plans that "
                                  "need none (SuffixMatch)")
-        edges = [e for e in bucket_edges if e <= engine.config.max_batch] or [1]
+        max_batch = engine.config.max_batch
+        StepBuckets.covering(max_batch, batch_edges, context_edges)  # bad edges fail first
+        edges = [min(edge, max_batch) for edge in batch_edges if edge < max_batch] + [max_batch]
         # calibrate at every other edge and the largest (rates are interpolated between)
-        measured = sorted(set(edges[::2]) | {edges[-1]})
+        measured = sorted(set(edges[::2]) | {max_batch})
         model = calibrate(engine, plans, measured, calibration_requests, max_tokens=max_tokens)
-        on_at = model.threshold(plans, margin)
-        bandit = PlanBandit(plans, bucket_edges=edges, epsilon=epsilon, window=window,
-                            prior_weight=prior_weight, seed=seed)
-        if model.batches:  # else nothing was timed: on_at is 0, and the bandit is never asked
-            bandit.seed_priors(model.rate)
-        return cls(plans, SDSwitch(on_at, int(on_at * hysteresis)), bandit, model)
+        return cls.from_cost_model(model, plans, max_batch, batch_edges=batch_edges,
+                                   context_edges=context_edges, window=window,
+                                   prior_weight=prior_weight, hysteresis=hysteresis,
+                                   tolerance=tolerance)
 
-    def choose(self, batch: int) -> DraftPlan | None:
-        if not self.switch.update(batch):
+    @classmethod
+    def from_cost_model(cls, model: CostModel, plans: Sequence[DraftPlan], max_batch: int, *,
+                        batch_edges: Sequence[int] = DEFAULT_BATCH_EDGES,
+                        context_edges: Sequence[int] = DEFAULT_CONTEXT_EDGES,
+                        window: int = 32, prior_weight: float = 2.0, hysteresis: int = 8,
+                        tolerance: float = 0.03) -> AdaptivePolicy:
+        """A policy predicting with a cost model already measured (one calibration shared by
+        several policies on engines of the same model and config)."""
+        buckets = StepBuckets.covering(max_batch, batch_edges, context_edges)
+        table = ArmTable(len(buckets.batch_edges), len(buckets.context_edges) + 1,
+                         len(plans) + 1, window=window, prior_weight=prior_weight)
+
+        def predict(batch: int, context: int, plan: DraftPlan | None) -> float:
+            return max(model.rate(batch, plan, context), 1e-9)
+
+        # with nothing timed, no prediction: every arm alike until measured
+        return cls(plans, buckets, table, predict=predict if model.batches else flat,
+                   hysteresis=hysteresis, tolerance=tolerance, cost_model=model)
+
+    # ---- PlanPolicy --------------------------------------------------------------------------
+
+    def start_call(self) -> None:
+        self._sd: bool | None = None  # the mode; None until the call's first step
+        self._pending = 0  # consecutive steps that preferred the other mode
+        self._chosen: deque[_Choice] = deque()  # choices whose outcomes are still to come
+
+    def choose(self, batch: int, context: int) -> DraftPlan | None:
+        cell = self.buckets.cell(batch, context)
+        predicted = [self.predict(batch, context, plan) for plan in self.arms]
+        estimates = [self.table.estimate(cell, arm, predicted[arm])
+                     for arm in range(len(self.arms))]
+        best = max(range(len(self.arms)), key=lambda arm: (estimates[arm].rate, -arm))
+        arm = self._explore(cell, estimates, best)
+        explored = arm is not None
+        if arm is None:
+            arm = self._exploit(estimates, best)
+        self._chosen.append(_Choice(cell, arm, explored, estimates[best].rate, predicted[arm]))
+        self.stats.explorations += explored
+        if arm == PLAIN:
             self.stats.plain_steps += 1
-            return None
-        self.stats.spec_steps += 1
-        return self.plans[self.bandit.select(batch)]
+        else:
+            self.stats.spec_steps += 1
+        return self.arms[arm]
 
     def observe(self, outcome: StepOutcome) -> None:
-        if outcome.plan is not None and outcome.seconds > 0:
-            self.bandit.update(outcome.batch, self._arm[outcome.plan.key],
-                               outcome.emitted / outcome.seconds)
+        choice = self._chosen.popleft() if self._chosen else None
+        arm = PLAIN if outcome.plan is None else self._arm.get(outcome.plan.key)
+        if choice is None or arm != choice.arm:
+            return  # not a step this policy chose
+        measured_s = outcome.seconds - outcome.catch_up_s
+        if measured_s > 0:
+            self.table.add(choice.cell, arm, outcome.emitted, measured_s, choice.predicted)
+        budget = self.tolerance * outcome.seconds - outcome.catch_up_s
+        if choice.explored and choice.best_rate > 0:
+            budget -= measured_s - outcome.emitted / choice.best_rate
+        # saved up to one worst-case trial: exploration spreads out instead of bursting after
+        # a long quiet stretch (the budget carries from call to call)
+        cap = UNMEASURED_STEP_FACTOR * (self.table.mean_step_s(choice.cell, arm)
+                                        or outcome.seconds)
+        self._budget[choice.cell] = min(self._budget[choice.cell] + budget, cap)
+        self.stats.catch_up_s += outcome.catch_up_s
+
+    # ---- the decision ------------------------------------------------------------------------
+
+    def _explore(self, cell: int, estimates: list[Estimate], best: int) -> int | None:
+        """The arm worth measuring now, if any: the highest upper bound above the best arm's
+        estimate whose worst-case loss the cell's budget covers."""
+        best_rate = estimates[best].rate
+        if best_rate <= 0:
+            return None
+        bounds = [e.bound(self.confidence, self.table.prior_weight) for e in estimates]
+        candidates = [arm for arm in range(len(self.arms))
+                      if arm != best and bounds[arm][1] > best_rate]
+        if not candidates:
+            return None
+        arm = max(candidates, key=lambda a: bounds[a][1])
+        best_step = self.table.mean_step_s(cell, best)
+        step_s = self.table.mean_step_s(cell, arm)
+        if step_s is None:
+            if best_step is None:
+                return None  # nothing measured here yet: no basis for a worst case
+            step_s = UNMEASURED_STEP_FACTOR * best_step
+        worst_loss = step_s * max(0.0, 1.0 - max(bounds[arm][0], 0.0) / best_rate)
+        return arm if self._budget[cell] >= worst_loss else None
+
+    def _exploit(self, estimates: list[Estimate], best: int) -> int:
+        """The best arm, through the mode's hysteresis: the plain/SD mode follows the best arm
+        once it has preferred the other mode for `hysteresis` consecutive steps."""
+        wants_sd = best != PLAIN
+        if self._sd is None:
+            self._sd = wants_sd
+        elif wants_sd != self._sd:
+            self._pending += 1
+            if self._pending >= self.hysteresis:
+                self._sd, self._pending = wants_sd, 0
+                self.stats.switches += 1
+        else:
+            self._pending = 0
+        if not self._sd:
+            return PLAIN
+        return max(range(1, len(self.arms)), key=lambda arm: (estimates[arm].rate, -arm))
+
+    # ---- reading and checkpoints -------------------------------------------------------------
+
+    def best(self, batch: int, context: int) -> DraftPlan | None:
+        """The arm the table believes best at this batch and context (no exploration, no
+        hysteresis): None for plain decoding."""
+        cell = self.buckets.cell(batch, context)
+        rates = [self.table.estimate(cell, arm, self.predict(batch, context, plan)).rate
+                 for arm, plan in enumerate(self.arms)]
+        return self.arms[max(range(len(self.arms)), key=lambda arm: (rates[arm], -arm))]
+
+    def sd_batch_max(self, context: int = 0) -> int:
+        """The largest batch-bucket edge whose best arm at `context` is an SD plan (0: none):
+        where the table would speculate, for reports."""
+        edges = [edge for edge in self.buckets.batch_edges if self.best(edge, context) is not None]
+        return max(edges, default=0)
 
     def state_dict(self) -> dict:
-        return {"bandit": self.bandit.state_dict(), "switch": self.switch.state_dict()}
+        return {"arms": ["plain", *self._arm], "table": self.table.state_dict(),
+                "budget": list(self._budget)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.bandit.load_state_dict(state["bandit"])
-        self.switch.load_state_dict(state["switch"])
+        arms = ["plain", *self._arm]
+        if list(state.get("arms", [])) != arms:
+            raise ValueError(f"state: saved for arms {state.get('arms')}, this policy has {arms}")
+        budget = [float(seconds) for seconds in state["budget"]]
+        if len(budget) != self.buckets.cells or not all(map(math.isfinite, budget)):
+            raise ValueError(f"state: 'budget' must be {self.buckets.cells} finite numbers")
+        self.table.load_state_dict(state["table"])
+        self._budget = budget

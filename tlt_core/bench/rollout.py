@@ -131,11 +131,11 @@ def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
         engines = {mode: RolloutEngine(target, config, drafter) for mode in MODES}
         policies = {"off": None}
         policies["adaptive"] = AdaptivePolicy.from_calibration(
-            engines["adaptive"], plans, calibration, seed=seed)
+            engines["adaptive"], plans, calibration)
         policies["adaptive_suffix"] = AdaptivePolicy.from_calibration(
-            engines["adaptive_suffix"], plans + SUFFIX_PLANS, calibration, seed=seed)
+            engines["adaptive_suffix"], plans + SUFFIX_PLANS, calibration)
         model = policies["adaptive"].cost_model
-        threshold = policies["adaptive"].switch.on_at
+        threshold = policies["adaptive"].sd_batch_max()
         sweep = ({} if always is not None else
                  {plan: engines["always"].generate(requests, plan).total_s
                   for plan in plans})
@@ -194,8 +194,8 @@ def drafter_sync_study(target, drafter, config, requests, calibration, rounds, s
     out = {}
     engines = {sync: RolloutEngine(target, replace(config, drafter_sync=sync), drafter)
                for sync in ("eager", "lazy")}
-    policies = {sync: AdaptivePolicy.from_calibration(engines[sync], DEFAULT_PLANS, calibration,
-                                                      seed=seed) for sync in engines}
+    policies = {sync: AdaptivePolicy.from_calibration(engines[sync], DEFAULT_PLANS, calibration)
+                for sync in engines}
     times = {sync: [] for sync in engines}
     for _ in range(rounds + 1):
         for sync in engines:

@@ -1,6 +1,6 @@
 """A draft plan: how one speculative step proposes the tokens the target then verifies.
 
-A plan is anything with the `DraftPlan` protocol: a stable `key` (its identity for the bandit,
+A plan is anything with the `DraftPlan` protocol: a stable `key` (its identity for the adaptive loop,
 the cost model's tables, checkpoints and metrics: equal keys mean the same plan), the tree
 nodes it asks the target to verify (`num_verify_tokens`, root included), the most draft tokens
 a row can accept in one step (`depth`: the tree's depth), the drafter-cache

@@ -208,8 +208,7 @@ class TLTRollout:
             calibration = [Request(ids, SamplingParams(temperature=float(trainer.temperature),
                                                        max_tokens=16))
                            for ids, _ in _runs(prompt_ids)][:4]
-            self.policy = AdaptivePolicy.from_calibration(self.engine, plans, calibration,
-                                                          seed=self.seed)
+            self.policy = AdaptivePolicy.from_calibration(self.engine, plans, calibration)
 
     def _logprob_gap(self, trainer, model, prompt_ids, completion_ids, logprobs):
         """max and mean |ours - TRL's recomputation| over completion tokens, with TRL's padding

@@ -59,7 +59,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "reward_std": ("reward", "standard deviation of the step's rewards"),
     "step_s": ("s", "wall time of the whole step: rollout, scoring, update, drafter refresh"),
     "rollout_s": ("s", "the rollout: this rank's generation, then waiting (and spot-training "
-                       "the drafter) until every rank is done, then gathering the samples"),
+                       "the drafter) until every rank is done, then gathering the samples; "
+                       "the first step of a run also calibrates the adaptive loop "
+                       "(calibration_s)"),
+    "calibration_s": ("s", "the adaptive loop's calibration that ran for this step (the "
+                           "first of a run or a resume; 0 after), inside rollout_s and "
+                           "step_s"),
     "train_s": ("s", "the policy update: PPO-clip epochs over the mini-batches"),
     "rollout_share": ("fraction", "rollout_s / step_s"),
     "tail_s": ("s", "rollout time spent with at most 25% of the rollout's peak running batch "

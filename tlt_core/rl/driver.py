@@ -176,8 +176,9 @@ class RLDriver:
             calibration_requests = [self._request(p, min(16, config.max_new_tokens), 0, i, n=1)
                                     for i, p in enumerate(calibration or self.prompts[:4])]
             self.adaptive = AdaptivePolicy.from_calibration(self.engine, plans,
-                                                            calibration_requests,
-                                                            seed=config.seed)
+                                                            calibration_requests)
+        # calibration runs for the first step: its seconds are that step's
+        self._calibration_s = self.adaptive.cost_model.calibration_s if self.adaptive else 0.0
         self.state = TrainState()
 
     # ---- one step ----------------------------------------------------------------------------
@@ -185,7 +186,8 @@ class RLDriver:
     def step(self) -> dict:
         config, group = self.config, self.group
         step = self.state.step
-        start = time.perf_counter()
+        start = time.perf_counter() - self._calibration_s
+        calibration_s, self._calibration_s = self._calibration_s, 0.0
         lr_scale = lr_multiplier(step, steps=config.steps, warmup_steps=config.warmup_steps,
                                  scheduler=config.lr_scheduler_type,
                                  min_lr_ratio=config.min_lr_ratio)
@@ -217,6 +219,7 @@ class RLDriver:
             "step": step, "reward": float(scores.mean()),
             "reward_std": float(scores.std(unbiased=False)),
             "step_s": step_s, "rollout_s": rollout_s, "train_s": train_s,
+            "calibration_s": calibration_s,
             "rollout_share": rollout_s / step_s,
             "tail_s": sum(seconds_at_or_below(r.trace_time_s, r.trace_running,
                                               TAIL_FRACTION * max(r.trace_running, default=0))
