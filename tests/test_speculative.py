@@ -12,11 +12,10 @@ from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.drafting.training import collect_records, eagle_loss, make_batch
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.ops import reference
-from tlt_core.adaptive.policy import AdaptivePolicy
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.drafting.tree import Strategy, draft_tree
 
-from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
+from tests.speculative_fixtures import PROMPTS, VOCAB, switching_policy, tiny_target, train_drafter
 
 STRATEGIES = [Strategy(1, 1, 1), Strategy(4, 1, 4), Strategy(5, 4, 16), Strategy(6, 8, 32)]
 

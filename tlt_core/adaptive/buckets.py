@@ -18,7 +18,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
-DEFAULT_BATCH_EDGES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_BATCH_EDGES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 DEFAULT_CONTEXT_EDGES = (1024, 4096, 16384)
 
 
