@@ -1,29 +1,32 @@
-"""`tlt bench rollout`: the adaptive rollout loop against SD off and SD always on, side by side.
+"""`tlt bench rollout`: the adaptive loop against SD off and SD always on, on workloads with and
+without a long tail, with the evidence to trust a ratio: per-step traces, a hindsight oracle and
+a noise floor.
 
-Workloads (64 requests, T = 1, each response ending at <eos>, as GRPO rolls out):
-- long_tail: 8 prompts x 8 samples, the prompts at the 1/16, 3/16, ..., 15/16 quantiles of the
-  embedded task's step counts (1 to 19 countdown steps: 14 to 140 tokens), so the rollout ends
-  in the tail of the hardest prompt's 8 samples;
-- no_tail: 8 prompts x 8 samples, every prompt at the median step count: equal lengths.
-With a checkpoint (`--model DIR --drafter DIR`, `model_workloads`): long_tail is 8 arithmetic
-word problems x 8 samples in its chat template, each response ending at its end-of-turn token
-or 1024 tokens; no_tail the same prompts with no stop ids, every response 128 tokens.
+Workloads (`--workload`, 8 prompts x 8 samples at T = 1):
+- natural: each response ends at the model's own end of turn or max_tokens (1024 with --model);
+- trace: the same prompts, each row decoded to exactly a length drawn from a long-tailed
+  distribution (tlt_core.bench.length_trace: lognormal, p99 10x the median; or --trace-file), its
+  stop ids dropped: a forced output length, as vLLM's benchmarks fix one, labelled as such;
+- no_tail: the same prompts, every row the same length (the trace's median), stop ids dropped.
 Modes, each on its own engine over the same model and drafter:
-- off: plain decoding;
-- always: SD on every step with the best fixed strategy, picked by one rollout of each
-  candidate on the workload (the candidates are the adaptive loop's learned-drafter plans);
-- adaptive: `AdaptivePolicy.from_calibration` over those plans (switch + bandit);
-- adaptive_suffix: the same plus suffix-match plans (drafts copied from sibling responses and
-  from the previous round's responses to the same prompts).
-One unmeasured round first runs every mode (allocations, the bandit's first rewards, the suffix
-index's history); then `rounds` measured rounds run the modes interleaved, the policies keeping their
-state from round to round as they would from one RL step to the next. Numbers are medians over
-the rounds. `tail_s` is the time with the running batch at or below the adaptive switch's
-calibrated threshold; `ideal_makespan_s` is the generated tokens over plain decoding's
-throughput at the full batch (from the calibration). The drafter-sync study times the adaptive
-mode with the drafter following every SD-off step ("eager") and with the batched backlog
-("lazy", the default); the graph-pool study (CUDA only) captures decode and verify graphs for
-every (bucket, plan) in one shared pool and in private pools, one graph per strategy.
+- off: plain decoding, no drafter in the loop;
+- always: SD on every step with one plan (--always; default: the plan calibration predicts
+  fastest at one row);
+- adaptive: `AdaptivePolicy` over plain decoding and the plans, its table carried from round
+  to round as from one RL step to the next;
+- off_reseeded: SD off with another seed, the noise floor (on natural the samples and their
+  lengths differ; on trace and no_tail only the tokens);
+- oracle, computed from the traces: the hindsight-best arm per cell (batch bucket x context
+  bucket) replayed over SD off's batch profile: each SD-off step's seconds divided by the best
+  ratio any arm measured in that cell against SD off (at least 1: plain is an arm);
+  the time outside decode steps (admission, prefill) stays.
+One calibration (shared by the workloads), one unmeasured round of every mode, then `rounds`
+measured rounds with the modes interleaved, so machine noise hits them alike. A mode's
+`tok_s` is committed tokens / makespan, the median over rounds; `speedup_vs_off` is tok_s over
+SD off's: per token, so modes that sampled different lengths compare fairly.
+
+The JSON keeps, per workload, the calibration (the simulator's input, as `save_calibration`
+writes it) and every measured run: prompt and response lengths per sample and the step trace.
 """
 
 from __future__ import annotations
@@ -33,36 +36,56 @@ import gc
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from tqdm import tqdm
 
+from tlt_core.adaptive.buckets import StepBuckets
+from tlt_core.adaptive.cost_model import CostModel, calibrate
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
+from tlt_core.bench.length_trace import (DEFAULT_MEDIAN, DEFAULT_SIGMA, lognormal_lengths,
+                                         load_lengths, tail_shape)
 from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions, ModelWorkload
 from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.plan import DraftPlan
-from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.engine.records import (Request, SamplingParams, acceptance_by_position,
-                                     seconds_at_or_below)
+from tlt_core.engine.records import Request, RolloutResult, SamplingParams, step_trace_rows
+from tlt_core.sim.simulator import calibration_dict
 
-MODES = ("off", "always", "adaptive", "adaptive_suffix")
-SUFFIX_PLANS = (SuffixMatch(8), SuffixMatch(16))
+WORKLOADS = ("natural", "trace", "no_tail")
+RUN_MODES = ("off", "always", "adaptive", "off_reseeded")
+MODES = RUN_MODES + ("oracle",)
+TRACE_COLUMNS = ("step", "batch", "context", "arm", "emitted", "seconds", "catch_up_s")
+MIN_ORACLE_STEPS = 3  # an arm's steps in a cell before the oracle trusts its ratio there
 
 
 @dataclass(frozen=True)
 class RolloutOptions:
-    """`tlt bench rollout`: rounds, the SD-always strategy and the outputs."""
-    json: Path | None = option("write rows and studies here", None, metavar="FILE")
+    """`tlt bench rollout`: workloads, rounds, the SD-always plan and the outputs."""
+    json: Path | None = option("write rows, calibration and every run's trace here", None,
+                               metavar="FILE")
     plot: Path | None = option("plot the running batch over time per mode here", None,
                                metavar="PNG")
+    workload: str = option("comma-separated workloads: natural (each response ends at its "
+                           "end of turn), trace (forced lengths from a long-tailed "
+                           "distribution), no_tail (every row the same length)",
+                           ",".join(WORKLOADS), metavar="NAMES")
     rounds: int = option("measured rounds per mode (medians), after one unmeasured round", 3)
-    always: str | None = option("SD-always's strategy (default: the best of one rollout per "
-                                "adaptive plan)", None, metavar="D,K,N")
-    max_tokens: int = option("with --model: longest long-tail response", 1024, metavar="N")
+    always: str | None = option("SD-always's plan, D,K,N or sampled(D) (default: the plan "
+                                "calibration predicts fastest at one row)", None, metavar="PLAN")
+    max_tokens: int | None = option("longest response (default: 1024 with --model, the "
+                                    "embedded task's longest reference otherwise)", None,
+                                    metavar="N")
+    trace_file: Path | None = option("trace lengths from this file (a JSON list or one int per "
+                                      "line) instead of the lognormal", None, metavar="FILE")
+    trace_median: int | None = option("the lognormal's median length (default: 64 with "
+                                      "--model, 32 otherwise)", None, metavar="N")
+    trace_sigma: float = option("the lognormal's sigma (1.0: p99 is 10.2x the median)",
+                                DEFAULT_SIGMA)
     sampled_drafts: bool = option("add sampled chains (each draft token drawn from the "
-                                  "drafter's distribution) to the adaptive modes' plans", False)
+                                  "drafter's distribution) to the adaptive plans", False)
     no_progress: bool = option("no progress bars", False)
 
 
@@ -75,135 +98,271 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         add_dataclass_arguments(parser, options)
 
 
-def workloads(samples: int = 8, prompts: int = 8, seed: int = 5) -> dict[str, list[Request]]:
+def parse_workloads(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown or not names:
+        raise ValueError(f"workload: unknown {unknown or text!r}; choose from "
+                         f"{', '.join(WORKLOADS)}")
+    return names
+
+
+@dataclass(frozen=True)
+class Workloads:
+    """The requests of each workload, calibration requests, and the engine's max_len."""
+    requests: dict[str, list[Request]]
+    calibration: list[Request]
+    max_len: int
+    trace_shape: dict  # the trace lengths' median, p99, max
+
+
+def build_workloads(prompts: Sequence[tuple[int, ...]], stop_ids: tuple[int, ...],
+                    calibration: list[Request], names: Sequence[str], *, samples: int = 8,
+                    max_tokens: int, trace_lengths: Sequence[int]) -> Workloads:
+    """`prompts` x `samples` rows per workload; trace_lengths: one per row (capped at
+    max_tokens)."""
+    rows = [prompt for prompt in prompts for _ in range(samples)]
+    lengths = [min(length, max_tokens) for length in trace_lengths][:len(rows)]
+    if len(lengths) < len(rows):
+        raise ValueError(f"trace: {len(lengths)} lengths for {len(rows)} rows; give at least "
+                         f"{len(rows)}")
+    shape = tail_shape(lengths)
+    natural = SamplingParams(temperature=1.0, max_tokens=max_tokens, stop_ids=stop_ids)
+    build = {
+        "natural": lambda: [Request(p, natural) for p in rows],
+        "trace": lambda: [Request(p, SamplingParams(temperature=1.0, max_tokens=n))
+                          for p, n in zip(rows, lengths)],
+        "no_tail": lambda: [Request(p, SamplingParams(temperature=1.0,
+                                                      max_tokens=shape["median"]))
+                            for p in rows]}
+    requests = {name: build[name]() for name in names}
+    longest_prompt = max(len(r.prompt_ids) for r in rows_of(requests) + calibration)
+    return Workloads(requests, calibration, longest_prompt + max_tokens + 16, shape)
+
+
+def rows_of(requests: dict[str, list[Request]]) -> list[Request]:
+    return [r for rs in requests.values() for r in rs]
+
+
+def embedded_workloads(names: Sequence[str], options: RolloutOptions, seed: int = 5
+                       ) -> Workloads:
+    """The embedded task's: 8 prompts at the 1/16, 3/16, ..., 15/16 quantiles of its step
+    counts (14 to 140 tokens), each response ending at <eos>."""
     tokenizer = CharTokenizer()
     problems = sorted(generate_problems(TaskConfig(seed=seed, num_problems=4096)),
                       key=lambda p: p.num_steps)
-    quantiles = [problems[(2 * i + 1) * len(problems) // (2 * prompts)] for i in range(prompts)]
-    median = problems[len(problems) // 2].num_steps
-    equal = [p for p in problems if p.num_steps == median][:prompts]
-    params = SamplingParams(temperature=1.0, max_tokens=7 * 63 + 16, stop_ids=(tokenizer.eos_id,))
-    return {name: [Request(tokenizer.prompt_ids(p.prompt), params)
-                   for p in chosen for _ in range(samples)]
-            for name, chosen in (("long_tail", quantiles), ("no_tail", equal))}
+    prompts = [tuple(tokenizer.prompt_ids(problems[(2 * i + 1) * len(problems) // 16].prompt))
+               for i in range(8)]
+    max_tokens = options.max_tokens or 7 * 63 + 16
+    calibration = [Request(tokenizer.prompt_ids(p.prompt),
+                           SamplingParams(temperature=1.0, max_tokens=16))
+                   for p in generate_problems(TaskConfig(seed=77, num_problems=4))]
+    return build_workloads(prompts, (tokenizer.eos_id,), calibration, names,
+                           max_tokens=max_tokens,
+                           trace_lengths=_trace_lengths(options, 32, max_tokens))
 
 
-def calibration_requests(count: int = 4, seed: int = 77) -> list[Request]:
-    tokenizer = CharTokenizer()
-    params = SamplingParams(temperature=1.0, max_tokens=16, stop_ids=(tokenizer.eos_id,))
-    return [Request(tokenizer.prompt_ids(p.prompt), params)
-            for p in generate_problems(TaskConfig(seed=seed, num_problems=count))]
+def model_workloads(model: ModelWorkload, names: Sequence[str], options: RolloutOptions
+                    ) -> Workloads:
+    """A checkpoint's: 8 of its workload prompts (arithmetic word problems in its chat
+    template unless --data), calibrated on 4 others."""
+    max_tokens = options.max_tokens or 1024
+    prompts = [r.prompt_ids for r in model.requests(8, SamplingParams())]
+    calibration = model.requests(4, SamplingParams(temperature=1.0, max_tokens=16), first=8)
+    return build_workloads(prompts, model.stop_ids, calibration, names, max_tokens=max_tokens,
+                           trace_lengths=_trace_lengths(options, DEFAULT_MEDIAN, max_tokens))
 
 
-def model_workloads(model: ModelWorkload, samples: int = 8, prompts: int = 8,
-                    max_tokens: int = 1024, no_tail_tokens: int = 128
-                    ) -> tuple[dict[str, list[Request]], list[Request], int]:
-    """A checkpoint's workloads, calibration requests and engine max_len: long_tail is
-    `prompts` prompts x `samples` samples at T = 1, each ending at the model's stop ids or
-    max_tokens; no_tail the same prompts with no stop ids, every response exactly
-    no_tail_tokens long (the batch never shrinks: SD should stay off)."""
-    tail = SamplingParams(temperature=1.0, max_tokens=max_tokens, stop_ids=model.stop_ids)
-    flat = SamplingParams(temperature=1.0, max_tokens=no_tail_tokens)  # no stop ids
-    long_tail = [r for r in model.requests(prompts, tail) for _ in range(samples)]
-    no_tail = [Request(r.prompt_ids, flat) for r in long_tail]
-    calibration = model.requests(4, SamplingParams(temperature=1.0, max_tokens=16),
-                                 first=prompts)
-    longest = max(max_tokens, no_tail_tokens)
-    max_len = max(len(r.prompt_ids) for r in long_tail + calibration) + longest + 16
-    return {"long_tail": long_tail, "no_tail": no_tail}, calibration, max_len
+def _trace_lengths(options: RolloutOptions, median: int, cap: int) -> list[int]:
+    if options.trace_file is not None:
+        return load_lengths(options.trace_file)
+    return lognormal_lengths(64, median=options.trace_median or median,
+                             sigma=options.trace_sigma, cap=cap, seed=0)
 
 
-def run(target, drafter, *, rounds: int = 3, max_batch: int = 64, seed: int = 0,
-        progress: bool = True, workload_set: dict[str, list[Request]] | None = None,
-        calibration: list[Request] | None = None, max_len: int = 7 * 63 + 16 + 16,
-        always: DraftPlan | None = None, studies: bool = True,
-        label: str = EMBEDDED_LABEL, sampled_drafts: bool = False) -> dict:
-    """workload_set / calibration / max_len: the embedded task's by default (model_workloads
-    makes a checkpoint's). always: SD-always's plan (default: the best of a sweep over the
-    adaptive plans, one rollout each). studies: also the drafter-sync and graph-pool studies.
-    sampled_drafts: the adaptive modes' arms include SAMPLED_PLANS."""
+def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: int = 64,
+        seed: int = 0, always: DraftPlan | None = None, sampled_drafts: bool = False,
+        progress: bool = True, label: str = EMBEDDED_LABEL) -> dict:
+    if rounds < 1:
+        raise ValueError(f"rounds: need at least one measured round, got {rounds}")
     plans = DEFAULT_PLANS + (SAMPLED_PLANS if sampled_drafts else ())
-    config = EngineConfig(max_batch=max_batch, max_len=max_len, seed=seed)
-    calibration = calibration or calibration_requests()
-    workload_set = workload_set or workloads()
-    rows, studies_out = [], {}
-    for workload, requests in workload_set.items():
-        engines = {mode: RolloutEngine(target, config, drafter) for mode in MODES}
-        policies = {"off": None}
-        policies["adaptive"] = AdaptivePolicy.from_calibration(
-            engines["adaptive"], plans, calibration)
-        policies["adaptive_suffix"] = AdaptivePolicy.from_calibration(
-            engines["adaptive_suffix"], plans + SUFFIX_PLANS, calibration)
-        model = policies["adaptive"].cost_model
-        threshold = policies["adaptive"].sd_batch_max()
-        sweep = ({} if always is not None else
-                 {plan: engines["always"].generate(requests, plan).total_s
-                  for plan in plans})
-        policies["always"] = always if always is not None else min(sweep, key=sweep.get)
-        results = {mode: [] for mode in MODES}
-        bar = tqdm(total=(rounds + 1) * len(MODES), disable=not progress, unit="rollout",
-                   desc=f"rollout {workload}")
-        for round_index in range(rounds + 1):
-            for mode in MODES:
-                result = engines[mode].generate(requests, policies[mode])
-                if round_index > 0:  # round 0 is not measured
-                    results[mode].append(result)
-                bar.update()
-        bar.close()
-        makespan = {m: statistics.median(r.total_s for r in results[m]) for m in MODES}
-        saturated = model.rate(max_batch, None)
-        for mode in MODES:
-            runs = results[mode]
-            tokens = statistics.median(sum(len(x.tokens) for x in r.rollouts) for r in runs)
-            acceptance = [r.acceptance_length for r in runs if r.acceptance_length is not None]
-            rows.append({
-                "model": label, "workload": workload, "mode": mode,
-                "makespan_s": makespan[mode],
-                "tok_s": tokens / makespan[mode],
-                "tail_s": statistics.median(
-                    seconds_at_or_below(r.trace_time_s.tolist(), r.trace_running.tolist(),
-                                        threshold) for r in runs),
-                "acceptance_length": statistics.mean(acceptance) if acceptance else None,
-                "acceptance_by_position": acceptance_by_position(
-                    [step for r in runs for step in r.spec_steps]),
-                "speedup_vs_off": makespan["off"] / makespan[mode],
-                "tokens": tokens, "ideal_makespan_s": tokens / saturated,
-                "strategy": (policies[mode].key if mode == "always" else None),
-                "sd_on_share": (policies[mode].stats.sd_on_share
-                                if isinstance(policies[mode], AdaptivePolicy) else None)})
-        studies_out[workload] = {
-            "threshold": threshold, "calibration_s": model.calibration_s,
-            "traces": {m: {"time_s": results[m][-1].trace_time_s.tolist(),
-                           "running": results[m][-1].trace_running.tolist()} for m in MODES},
-            "always_sweep_s": {p.key: s for p, s in sweep.items()},
-            "cost_model_tok_s": {f"{b}/{k}": v for (b, k), v in model.rates.items()}}
-        # A workload's four engines hold four KV caches (3.5 GB each for 64 rows of 1k tokens
-        # of SmolLM2): free them before the next workload builds its own.
-        del engines, policies, results
-        gc.collect()
-    if studies:
-        studies_out["drafter_sync"] = drafter_sync_study(
-            target, drafter, config, workload_set["long_tail"], calibration, rounds, seed)
-        studies_out["graph_pool"] = graph_pool_study(target, drafter,
-                                                     DEFAULT_PLANS + SUFFIX_PLANS, max_batch)
-    return {"model": label, "rows": rows, "studies": studies_out}
+    config = EngineConfig(max_batch=max_batch, max_len=workloads.max_len, seed=seed)
+    engine = RolloutEngine(target, config, drafter)
+    batches = sorted({b for b in (1, 4, 16, max_batch) if b <= max_batch})
+    cost = calibrate(engine, plans, batches, workloads.calibration, sd_off=True)
+    del engine
+    always = always or max(plans, key=lambda plan: cost.rate(1, plan))
+    rows, details = [], {}
+    for workload, requests in workloads.requests.items():
+        runs = _run_modes(target, drafter, config, requests, cost, plans, always, rounds,
+                          progress, f"rollout {workload}")
+        buckets = StepBuckets.covering(max_batch)
+        oracle = hindsight_oracle(runs, buckets)
+        rows += _rows(label, workload, runs, oracle, always)
+        details[workload] = {
+            "max_batch": max_batch, "always": always.key,
+            "calibration": calibration_dict(cost, str(next(target.parameters()).device)),
+            "calibration_s": cost.calibration_s,
+            "trace_shape": workloads.trace_shape if workload == "trace" else None,
+            "oracle": {"cells": oracle["cells"]},
+            "runs": {mode: [_run_record(result) for result in results]
+                     for mode, results in runs.items()}}
+        gc.collect()  # a workload's engines hold four KV caches: free them before the next
+    return {"model": label, "rows": rows, "workloads": details}
 
 
-def drafter_sync_study(target, drafter, config, requests, calibration, rounds, seed) -> dict:
-    """The adaptive mode's makespan with the drafter following SD-off steps eagerly or lazily."""
-    out = {}
-    engines = {sync: RolloutEngine(target, replace(config, drafter_sync=sync), drafter)
-               for sync in ("eager", "lazy")}
-    policies = {sync: AdaptivePolicy.from_calibration(engines[sync], DEFAULT_PLANS, calibration)
-                for sync in engines}
-    times = {sync: [] for sync in engines}
-    for _ in range(rounds + 1):
-        for sync in engines:
-            times[sync].append(engines[sync].generate(requests, policies[sync]).total_s)
-    for sync in engines:
-        out[f"{sync}_makespan_s"] = statistics.median(times[sync][1:])
-    out["lazy_speedup"] = out["eager_makespan_s"] / out["lazy_makespan_s"]
-    return out
+def _run_modes(target, drafter, config: EngineConfig, requests: list[Request], cost: CostModel,
+               plans: tuple[DraftPlan, ...], always: DraftPlan, rounds: int, progress: bool,
+               desc: str) -> dict[str, list[RolloutResult]]:
+    """Every mode's measured results, modes interleaved round by round after one unmeasured
+    round."""
+    engines = {mode: RolloutEngine(target, replace(config, seed=config.seed + 1)
+                                   if mode == "off_reseeded" else config,
+                                   None if mode.startswith("off") else drafter)
+               for mode in RUN_MODES}
+    strategies = {"off": None, "off_reseeded": None, "always": always,
+                  "adaptive": AdaptivePolicy.from_cost_model(cost, plans, config.max_batch)}
+    results = {mode: [] for mode in RUN_MODES}
+    bar = tqdm(total=(rounds + 1) * len(RUN_MODES), disable=not progress, unit="rollout",
+               desc=desc)
+    for round_index in range(rounds + 1):
+        for mode in RUN_MODES:
+            result = engines[mode].generate(requests, strategies[mode])
+            if round_index > 0:  # round 0 is not measured
+                results[mode].append(result)
+            bar.update()
+    bar.close()
+    return results
+
+
+def _tokens(result: RolloutResult) -> int:
+    return sum(len(r.tokens) for r in result.rollouts)
+
+
+def hindsight_oracle(runs: dict[str, list[RolloutResult]], buckets: StepBuckets) -> dict:
+    """The best measured arm per cell, replayed over every SD-off run (module docstring):
+    {"tok_s": per round, "cells": {cell label: {"arm", "ratio", "steps"}}}. An arm's ratio in
+    a cell is its committed tokens per second there over SD off's, over every mode's steps;
+    SD off's own steps are the arm "off"."""
+    sums: dict[tuple[int, str], list[float]] = {}  # (cell, arm) -> [tokens, seconds, steps]
+    for mode, results in runs.items():
+        if mode == "off_reseeded":
+            continue
+        for result in results:
+            for o in result.step_trace:
+                arm = "off" if mode == "off" else o.arm
+                total = sums.setdefault((buckets.cell(o.batch, o.context), arm), [0, 0.0, 0])
+                total[0] += o.emitted
+                total[1] += o.seconds
+                total[2] += 1
+    best: dict[int, tuple[str, float, int]] = {}
+    for (cell, arm), (tokens, seconds, steps) in sums.items():
+        off = sums.get((cell, "off"))
+        if off is None or steps < MIN_ORACLE_STEPS or arm == "off":
+            continue
+        ratio = (tokens / seconds) / (off[0] / off[1])
+        if ratio > best.get(cell, ("off", 1.0, 0))[1]:
+            best[cell] = (arm, ratio, steps)
+    rates = []
+    for result in runs["off"]:
+        steps_s = sum(o.seconds for o in result.step_trace)
+        replayed = sum(o.seconds / best.get(buckets.cell(o.batch, o.context), ("off", 1.0))[1]
+                       for o in result.step_trace)
+        rates.append(_tokens(result) / (result.total_s - steps_s + replayed))
+    cells = {buckets.label(cell): {"arm": arm, "ratio": ratio, "steps": steps}
+             for cell, (arm, ratio, steps) in sorted(best.items())}
+    return {"tok_s": rates, "cells": cells}
+
+
+def _rows(label: str, workload: str, runs: dict[str, list[RolloutResult]], oracle: dict,
+          always: DraftPlan) -> list[dict]:
+    tok_s = {mode: statistics.median(_tokens(r) / r.total_s for r in results)
+             for mode, results in runs.items()}
+    tok_s["oracle"] = statistics.median(oracle["tok_s"])
+    rows = []
+    for mode in MODES:
+        results = runs.get(mode, runs["off"])
+        spec = [s for r in results for s in r.spec_steps] if mode in runs else []
+        accepted = sum(s.emitted for s in spec)
+        rows.append({
+            "model": label, "workload": workload, "mode": mode, "tok_s": tok_s[mode],
+            "speedup_vs_off": tok_s[mode] / tok_s["off"],
+            "makespan_s": (statistics.median(r.total_s for r in results) if mode in runs
+                           else statistics.median(_tokens(r) / t for r, t in
+                                                  zip(results, oracle["tok_s"]))),
+            "tokens": statistics.median(_tokens(r) for r in results),
+            "acceptance_length": accepted / sum(s.batch for s in spec) if spec else None,
+            "sd_step_share": (statistics.median(float(r.trace_speculative.float().mean())
+                                                for r in results) if mode in runs else None),
+            "plan": always.key if mode == "always" else None})
+    return rows
+
+
+def _run_record(result: RolloutResult) -> dict:
+    return {"total_s": result.total_s, "tokens": _tokens(result),
+            "prompt_lengths": [len(r.prompt_ids) for r in result.rollouts],
+            "response_lengths": [len(r.tokens) for r in result.rollouts],
+            "step_trace": {"columns": list(TRACE_COLUMNS),
+                           "rows": [[row[c] for c in TRACE_COLUMNS]
+                                    for row in step_trace_rows(result.step_trace)]}}
+
+
+def plot(result: dict, path) -> None:
+    """Running batch over time per mode, for each workload (the last measured round); dots
+    mark speculative steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["workloads"])
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), squeeze=False)
+    for ax, workload in zip(axes[0], names):
+        for mode, runs in result["workloads"][workload]["runs"].items():
+            rows = runs[-1]["step_trace"]["rows"]
+            clock, times = 0.0, []
+            for row in rows:
+                clock += row[TRACE_COLUMNS.index("seconds")]
+                times.append(clock)
+            batch = [row[TRACE_COLUMNS.index("batch")] for row in rows]
+            line, = ax.step(times, batch, where="pre", label=mode)
+            sd = [(t, b) for t, b, row in zip(times, batch, rows)
+                  if row[TRACE_COLUMNS.index("arm")] not in ("plain",)]
+            if sd and not mode.startswith("off"):
+                ax.plot(*zip(*sd), ".", markersize=2, color=line.get_color())
+        speed = {r["mode"]: r["speedup_vs_off"] for r in result["rows"]
+                 if r["workload"] == workload}
+        ax.set_xlabel("seconds in decode steps")
+        ax.set_ylabel("running batch")
+        ax.set_title(f"{workload}: adaptive {speed['adaptive']:.2f}x, oracle "
+                     f"{speed['oracle']:.2f}x SD off per token\n"
+                     f"{result.get('model', EMBEDDED_LABEL)}, T=1", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_table(result: dict) -> str:
+    lines = [f"model: {result.get('model', EMBEDDED_LABEL)}",
+             f"{'workload':<10}{'mode':<14}{'tok/s':>8}{'vs off':>8}{'makespan':>10}"
+             f"{'tokens':>8}{'accept':>8}{'SD steps':>9}"]
+    for r in result["rows"]:
+        accept = "-" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
+        share = "-" if r["sd_step_share"] is None else f"{100 * r['sd_step_share']:.0f}%"
+        lines.append(f"{r['workload']:<10}{r['mode']:<14}{r['tok_s']:>8.1f}"
+                     f"{r['speedup_vs_off']:>7.3f}x{r['makespan_s']:>10.2f}{r['tokens']:>8.0f}"
+                     f"{accept:>8}{share:>9}")
+    for workload, detail in result["workloads"].items():
+        shape = detail["trace_shape"]
+        note = (f"; trace lengths: median {shape['median']}, p99 {shape['p99']} "
+                f"({shape['p99_over_median']:.1f}x), max {shape['max']}" if shape else "")
+        lines.append(f"{workload}: SD always = {detail['always']}; calibration "
+                     f"{detail['calibration_s']:.0f} s (shared){note}")
+    lines.append("off_reseeded: SD off with another seed (the noise floor); oracle: the best "
+                 "measured arm per cell, replayed over SD off's steps")
+    return "\n".join(lines)
 
 
 def graph_pool_study(target, drafter, plans, max_batch: int) -> dict:
@@ -224,53 +383,3 @@ def graph_pool_study(target, drafter, plans, max_batch: int) -> dict:
             "naive_bytes": memory["per_graph"]["reserved_bytes"],
             "graphs_shared": memory["shared"]["graphs"],
             "graphs_naive": memory["per_graph"]["graphs"]}
-
-
-def plot(result: dict, path) -> None:
-    """Running batch over time, per mode, for each workload (the last measured round)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    workloads_ = [w for w in ("long_tail", "no_tail") if w in result["studies"]]
-    fig, axes = plt.subplots(1, len(workloads_), figsize=(6 * len(workloads_), 4), squeeze=False)
-    for ax, workload in zip(axes[0], workloads_):
-        study = result["studies"][workload]
-        for mode, trace in study["traces"].items():
-            ax.step(trace["time_s"], trace["running"], where="pre", label=mode)
-        ax.axhline(study["threshold"], color="gray", linestyle="--", linewidth=1,
-                   label="SD threshold")
-        ax.set_xlabel("seconds")
-        ax.set_ylabel("running batch")
-        ax.set_title(f"{workload}: {result.get('model', EMBEDDED_LABEL)}, T=1", fontsize=9)
-        ax.legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def format_table(result: dict) -> str:
-    lines = [f"{'workload':<10}{'mode':<21}{'makespan':>9}{'tok/s':>8}{'tail_s':>8}"
-             f"{'accept':>8}{'vs off':>8}"]
-    for r in result["rows"]:
-        acc = "-" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
-        lines.append(f"{r['workload']:<10}{r['mode']:<21}{r['makespan_s']:>9.3f}"
-                     f"{r['tok_s']:>8.0f}{r['tail_s']:>8.3f}{acc:>8}"
-                     f"{r['speedup_vs_off']:>7.2f}x")
-    for workload in ("long_tail", "no_tail"):
-        s = result["studies"][workload]
-        lines.append(f"{workload}: SD threshold {s['threshold']} (calibrated in "
-                     f"{s['calibration_s']:.1f} s), ideal makespan "
-                     f"{next(r['ideal_makespan_s'] for r in result['rows'] if r['workload'] == workload):.3f} s")
-    sync = result["studies"].get("drafter_sync")
-    if sync is not None:
-        lines.append(f"drafter sync (long_tail, adaptive): eager {sync['eager_makespan_s']:.3f} "
-                     f"s, lazy {sync['lazy_makespan_s']:.3f} s ({sync['lazy_speedup']:.2f}x)")
-    pool = result["studies"].get("graph_pool")
-    if pool is not None:
-        lines.append("graph pool: " + (f"{pool['shared_pool_bytes'] / 2**20:.1f} MiB shared vs "
-                                       f"{pool['naive_bytes'] / 2**20:.1f} MiB naive"
-                                       if pool["available"] else pool["why"]))
-    return f"model: {result.get('model', EMBEDDED_LABEL)}\n" + "\n".join(lines)

@@ -31,6 +31,7 @@ from tlt_core.bench.model_workload import (DEFAULT_PROBLEMS_SEED, EMBEDDED_LABEL
                                             ModelWorkload, PerWorkload, load_model_workload,
                                             model_label)
 from tlt_core.cli.model_options import placement_from_args
+from tlt_core.config_flags import dataclass_from_args
 from tlt_core.embedded.task import length_stats
 from tlt_core.embedded.workload import load_embedded, load_pretrained
 from tlt_core.engine.records import SamplingParams
@@ -192,26 +193,31 @@ def run_speculative(args: argparse.Namespace) -> int:
 
 
 def run_rollout(args: argparse.Namespace) -> int:
-    always = None if args.always is None else bench_speculative.parse_strategy(args.always)
-    if args.model is None:
-        workload = load_embedded(progress=not args.no_progress)
-        result = bench_rollout.run(workload.target, workload.drafter, rounds=args.rounds,
-                                   always=always, progress=not args.no_progress,
-                                   sampled_drafts=args.sampled_drafts)
-    else:
-        model = model_workload(args, "tlt bench rollout", needs_drafter=True)
-        requests, calibration, max_len = bench_rollout.model_workloads(
-            model, max_tokens=args.max_tokens)
-        result = bench_rollout.run(model.target, model.drafter, rounds=args.rounds,
-                                   workload_set=requests, calibration=calibration,
-                                   max_len=max_len, always=always, studies=False,
-                                   label=model.label, progress=not args.no_progress,
-                                   sampled_drafts=args.sampled_drafts)
+    command = "tlt bench rollout"
+    options = dataclass_from_args(bench_rollout.RolloutOptions, args, command)
+    try:
+        names = bench_rollout.parse_workloads(options.workload)
+        always = None if options.always is None else bench_speculative.parse_strategy(
+            options.always)
+    except ValueError as error:  # "workload: ..." / "strategy: ..."
+        flag = "--workload" if str(error).startswith("workload") else "--always"
+        raise SystemExit(f"{command}: {flag}: {str(error).partition(': ')[2]}") from None
+    model = (load_embedded(progress=not args.no_progress) if args.model is None
+             else model_workload(args, command, needs_drafter=True))
+    try:
+        workloads = (bench_rollout.embedded_workloads(names, options) if args.model is None
+                     else bench_rollout.model_workloads(model, names, options))
+    except (FileNotFoundError, ValueError) as error:  # the trace's lengths
+        raise SystemExit(f"{command}: --trace-file: {error}") from None
+    label = EMBEDDED_LABEL if args.model is None else model.label
+    result = bench_rollout.run(model.target, model.drafter, workloads, rounds=options.rounds,
+                               always=always, sampled_drafts=options.sampled_drafts,
+                               progress=not options.no_progress, label=label)
     print(bench_rollout.format_table(result))
-    if args.plot is not None:
-        bench_rollout.plot(result, args.plot)
-        print(f"wrote {args.plot}")
-    _write_json(args.json, result)
+    if options.plot is not None:
+        bench_rollout.plot(result, options.plot)
+        print(f"wrote {options.plot}")
+    _write_json(options.json, result)
     return 0
 
 
@@ -350,12 +356,14 @@ BENCHMARKS = (
          "refresh. Reports acceptance per round and the makespan cost of spot training.",
          run_drafter),
     Leaf("rollout", bench_rollout.add_cli_args,
-         "adaptive loop vs SD off / always on, long-tail and no-tail rollouts",
-         "A 64-request rollout of the embedded task (T=1, 8 prompts x 8 samples), long-tailed "
-         "and with equal lengths, in four modes side by side: SD off; SD always on with the best "
-         "fixed strategy; the adaptive loop (SD switch + per-bucket bandit, calibrated at "
-         "start); and the adaptive loop with suffix-match drafts from sibling and previous-round "
-         "responses. Reports makespan, tokens/s, tail time, acceptance and speedup vs SD off.",
+         "adaptive loop vs SD off / always on, on natural, long-tailed and equal lengths",
+         "64-row rollouts (8 prompts x 8 samples, T=1) of three workloads: natural (each "
+         "response ends at its end of turn), trace (forced lengths from a long-tailed "
+         "distribution) and no_tail (every row one length), in four modes side by side: SD off; "
+         "SD always on with one plan; the adaptive loop; SD off reseeded (the noise floor). The "
+         "hindsight oracle (the best measured arm per cell, replayed over SD off's steps) comes "
+         "from the per-step traces, which the JSON keeps. Reports committed tokens/s and the "
+         "speedup per token vs SD off.",
          run_rollout),
     Leaf("train", bench_train.add_cli_args,
          "GRPO end to end: TLT vs SD off (and SD off with another seed)",

@@ -141,20 +141,29 @@ def end_to_end_speedup(rollout_base_s: float, rollout_new_s: float, train_s: flo
     return (rollout_base_s + train_s) / (rollout_new_s + train_s)
 
 
-def save_calibration(cost: CostModel, path: str | Path, device: str) -> None:
+def calibration_dict(cost: CostModel, device: str) -> dict:
+    """A cost model as plain JSON data (tables keyed "batch|plan key")."""
     def flat(table):
         return {f"{b}|{k}": v for (b, k), v in table.items()}
 
-    Path(path).write_text(json.dumps({
-        "device": device, "rates": flat(cost.rates), "acceptance": cost.acceptance,
-        "context_slope": flat(cost.context_slope), "context_mean": flat(cost.context_mean),
-        "context_max": flat(cost.context_max), "admission_s": flat(cost.admission_s)},
-        indent=1) + "\n")
+    return {"device": device, "rates": flat(cost.rates), "acceptance": cost.acceptance,
+            "context_slope": flat(cost.context_slope), "context_mean": flat(cost.context_mean),
+            "context_max": flat(cost.context_max), "admission_s": flat(cost.admission_s)}
+
+
+def save_calibration(cost: CostModel, path: str | Path, device: str) -> None:
+    Path(path).write_text(json.dumps(calibration_dict(cost, device), indent=1) + "\n")
 
 
 def load_calibration(path: str | Path) -> CostModel:
-    data = json.loads(Path(path).read_text())
+    try:
+        return cost_model_from_dict(json.loads(Path(path).read_text()))
+    except ValueError as error:
+        raise ValueError(f"calibration: {path} is not a calibration file ({error})") from None
 
+
+def cost_model_from_dict(data: dict) -> CostModel:
+    """calibration_dict's inverse."""
     def table(flat):
         return {(int(key.split("|")[0]), key.split("|")[1]): float(v) for key, v in flat.items()}
 
@@ -165,4 +174,4 @@ def load_calibration(path: str | Path) -> CostModel:
                          context_max=table(data.get("context_max", {})),
                          admission_s=table(data.get("admission_s", {})))
     except (KeyError, ValueError, IndexError, AttributeError) as error:
-        raise ValueError(f"calibration: {path} is not a calibration file ({error})") from None
+        raise ValueError(f"not a calibration ({error})") from None
