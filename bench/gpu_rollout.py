@@ -4,7 +4,8 @@
 
 On the embedded model and drafter (shipped with the package). Writes
   OUT_DIR/calibration_<device>.json  the cost model (tlt_core.sim.load_calibration reads it)
-  OUT_DIR/rollout_<device>.json      `tlt bench rollout` on this device, graph-pool study included
+  OUT_DIR/rollout_<device>.json      `tlt bench rollout` on this device (natural, trace and
+                                     no_tail workloads), graph-pool study included
   OUT_DIR/projection_<device>.json   the simulator's 64-worker projection on this calibration
 """
 
@@ -48,7 +49,10 @@ def main() -> int:
                      sd_off=True)
     save_calibration(cost, args.out / f"calibration_{tag}.json", name)
 
-    result = bench_rollout.run(target, drafter, rounds=args.rounds, progress=False)
+    workloads = bench_rollout.embedded_workloads(bench_rollout.WORKLOADS,
+                                                 bench_rollout.RolloutOptions())
+    result = bench_rollout.run(target, drafter, workloads, rounds=args.rounds, progress=False)
+    result["graph_pool"] = bench_rollout.graph_pool_study(target, drafter, DEFAULT_PLANS, 64)
     (args.out / f"rollout_{tag}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(bench_rollout.format_table(result))
 

@@ -64,17 +64,28 @@ def test_bench_speculative_needs_a_drafter_for_a_checkpoint(checkpoint):
 
 
 def test_bench_rollout_on_a_checkpoint(checkpoint, tmp_path):
+    from tlt_core.bench.length_trace import lognormal_lengths
+
     out = tmp_path / "rollout.json"
     assert main(["bench", "rollout", *flags(checkpoint), "--rounds", "1", "--always", "3,1,4",
-                 "--max-tokens", "12", "--json", str(out)]) == 0
+                 "--max-tokens", "12", "--trace-median", "4", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert {(r["workload"], r["mode"]) for r in result["rows"]} == {
-        (w, m) for w in ("long_tail", "no_tail")
-        for m in ("off", "always", "adaptive", "adaptive_suffix")}
+        (w, m) for w in ("natural", "trace", "no_tail")
+        for m in ("off", "always", "adaptive", "off_reseeded", "oracle")}
     assert all(r["model"] == result["model"] != EMBEDDED_LABEL for r in result["rows"])
-    no_tail = [r for r in result["rows"] if r["workload"] == "no_tail"]
-    assert all(r["tokens"] == 64 * 128 for r in no_tail)  # every response exactly 128 tokens
-    assert "drafter_sync" not in result["studies"]
+    drawn = lognormal_lengths(64, median=4, sigma=1.0, cap=12, seed=0)
+    for workload, lengths in (("trace", drawn), ("no_tail", [4] * 64)):
+        for mode, runs in result["workloads"][workload]["runs"].items():
+            assert runs[0]["response_lengths"] == lengths, (workload, mode)  # forced lengths
+    for detail in result["workloads"].values():
+        for runs in detail["runs"].values():
+            trace = runs[0]["step_trace"]
+            emitted = trace["columns"].index("emitted")
+            assert sum(row[emitted] for row in trace["rows"]) == runs[0]["tokens"] - 64
+    oracle = {r["workload"]: r["speedup_vs_off"] for r in result["rows"] if r["mode"] == "oracle"}
+    assert all(speedup >= 1.0 for speedup in oracle.values())  # plain is an arm
+    assert result["workloads"]["trace"]["trace_shape"]["max"] == max(drawn)
 
 
 def test_bench_train_on_a_checkpoint(checkpoint, tmp_path):

@@ -292,10 +292,15 @@ def _rows(label: str, workload: str, runs: dict[str, list[RolloutResult]], oracl
                                                   zip(results, oracle["tok_s"]))),
             "tokens": statistics.median(_tokens(r) for r in results),
             "acceptance_length": accepted / sum(s.batch for s in spec) if spec else None,
-            "sd_step_share": (statistics.median(float(r.trace_speculative.float().mean())
-                                                for r in results) if mode in runs else None),
+            "sd_step_share": (statistics.median(_sd_share(r) for r in results)
+                              if mode in runs else None),
             "plan": always.key if mode == "always" else None})
     return rows
+
+
+def _sd_share(result: RolloutResult) -> float:
+    steps = result.step_trace
+    return sum(o.plan is not None for o in steps) / len(steps) if steps else 0.0
 
 
 def _run_record(result: RolloutResult) -> dict:

@@ -387,14 +387,13 @@ class RolloutEngine:
             self.drafter_rows.flush(batch)  # the drafter needs every committed pair
             caught_up = self.step_clock.mark()
         if plan is None:
-            self._plain_step(run)
-            emitted = batch
+            kept = self._plain_step(run)
         else:
-            emitted = self._speculative_step(run, plan)
+            kept = self._speculative_step(run, plan)
         ended = self.step_clock.mark()
 
         def tell(seconds: list[float]) -> None:
-            outcome = StepOutcome(step, batch, context, plan, emitted, sum(seconds),
+            outcome = StepOutcome(step, batch, context, plan, kept, sum(seconds),
                                   seconds[0] if caught_up is not started else 0.0)
             run.step_trace.append(outcome)
             for observer in run.observers:
@@ -416,8 +415,9 @@ class RolloutEngine:
 
     # ---- the plain step ----------------------------------------------------------------------
 
-    def _plain_step(self, run: _Run) -> None:
-        """One token per row: forward each row's root, sample the next token, commit."""
+    def _plain_step(self, run: _Run) -> int:
+        """One token per row: forward each row's root, sample the next token, commit. Returns
+        the tokens kept (one per row)."""
         batch = len(run.running)
         roots = self.rows.last[:batch]  # (B,)
         sampled = self._passes.plain(batch, run.hidden_layers)
@@ -431,15 +431,17 @@ class RolloutEngine:
             emitted_rows=[[token] for token in token_list],
             logprob_rows=[[logprob] for logprob in logprob_list], last=sampled.tokens,
             fed_tokens=roots[:, None], hidden=sampled.hidden)
-        self._commit(run, committed, drafter_next=False)
+        kept = self._commit(run, committed, drafter_next=False)
         self.step_clock.poll()  # earlier steps' times, now that the device caught up
+        return kept
 
     # ---- the speculative step ----------------------------------------------------------------
 
     def _speculative_step(self, run: _Run, plan: DraftPlan) -> int:
         """Draft a tree per row, verify every tree in one target pass, accept each row's path
-        and final token, commit. Returns the tokens emitted; the step's SpecStepStats joins
-        run.spec_steps once its phases are timed (StepClock)."""
+        and final token, commit. Returns the tokens kept (those past a stop id or max_tokens
+        are dropped); the step's SpecStepStats joins run.spec_steps once its phases are timed
+        (StepClock)."""
         batch, step = len(run.running), run.steps
         started = self.step_clock.mark()
         tree = self._draft(run, plan)
@@ -447,8 +449,8 @@ class RolloutEngine:
         verified = self._passes.verify(batch, plan, tree, run.hidden_layers)
         verified_at = self.step_clock.mark()
         committed = self._accept(verified)
-        self._commit(run, committed, drafter_next=plan.uses_drafter,
-                     width=verified.tree.tokens.shape[1])
+        kept = self._commit(run, committed, drafter_next=plan.uses_drafter,
+                            width=verified.tree.tokens.shape[1])
         done = self.step_clock.mark()
         emitted = sum(committed.count_list)
         drafted_nodes = sum(committed.node_list) - batch
@@ -461,7 +463,7 @@ class RolloutEngine:
 
         self.step_clock.when_timed((started, drafted, verified_at, done), record)
         self.step_clock.poll()
-        return emitted
+        return kept
 
     def _draft(self, run: _Run, plan: DraftPlan) -> ops.DraftTree:
         """Every running row's draft tree (B, N), node 0 its root (padded rows past B with
@@ -499,11 +501,12 @@ class RolloutEngine:
     # ---- commit, shared by both steps --------------------------------------------------------
 
     def _commit(self, run: _Run, committed: _Committed, drafter_next: bool,
-                width: int = 1) -> None:
+                width: int = 1) -> int:
         """Brings the drafter along (now if it drafts next, as it most likely does after a step
         it drafted; else as its sync says), appends each row's tokens to its sample up to a stop
         id or max_tokens, hands the committed positions to the harvest, and moves each row's
-        root forward. width: the most tokens a row could commit (the tree's nodes)."""
+        root forward. width: the most tokens a row could commit (the tree's nodes). Returns the
+        tokens the samples kept."""
         c = committed
         if run.drafting:
             following = c.emitted.clamp(min=0)  # (B, W); padding past a row's count
@@ -517,6 +520,7 @@ class RolloutEngine:
         # a position belongs to the sequence only if the token after it was kept
         self._harvest(run, run.running, c.fed_tokens, c.hidden, kept)
         self.rows.advance(slice(0, len(run.running)), c.last, c.counts)
+        return sum(kept)
 
     # ---- helpers -----------------------------------------------------------------------------
 

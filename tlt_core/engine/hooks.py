@@ -31,7 +31,7 @@ class StepOutcome:
     batch: int  # running rows
     context: int  # the rows' mean tokens in the cache before the step
     plan: DraftPlan | None  # None: a plain step
-    emitted: int  # tokens the step committed, summed over rows
+    emitted: int  # tokens the step added to the samples (past a stop id: dropped), all rows
     # wall time of the whole step (drafting, verification, the drafter's catch-up, host reads)
     seconds: float
     # of which: the drafter catching up on positions committed while it did not draft (paid
