@@ -78,7 +78,9 @@ def test_the_oracle_replays_sd_off_with_the_best_ratio_per_cell():
     oracle = hindsight_oracle(runs, buckets)
     # batch 4 stays at SD off's 4 s; batch 1's 4 s halve; 2 s outside steps: 21 / 8
     assert oracle["tok_s"] == [pytest.approx(21 / 8)]
-    assert oracle["cells"] == {"b<=1 ctx any": {"arm": PLAN.key, "ratio": 2.0, "steps": 3}}
+    # 2 tokens a row-step at SD off's step cost: 2x
+    assert oracle["cells"] == {"b<=1 ctx any": {"arm": PLAN.key, "ratio": 2.0, "steps": 3,
+                                                "accept": 2.0, "step_cost": 1.0}}
     # an arm seen in fewer than 3 steps of a cell is not trusted there
     runs["always"] = [_result(always[:3] + always[3:5], 11.0, 21)]
     assert hindsight_oracle(runs, buckets)["tok_s"] == [pytest.approx(21 / 10)]

@@ -53,6 +53,7 @@ DEFAULT_PLANS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(6, 1, 7), Strate
                  Strategy(4, 2, 8), Strategy(6, 4, 16))
 PLAIN = 0  # the arm index of plain decoding
 UNMEASURED_STEP_FACTOR = 3.0  # an unmeasured arm's step, in the best arm's steps (worst case)
+CONTEXT_GRAIN = 16  # tokens of context a prediction is held for (a step's cost barely moves)
 
 # tokens per second of a plan (None: plain decoding) at a running batch and mean context
 Predict = Callable[[int, int, Optional[DraftPlan]], float]
@@ -174,7 +175,8 @@ class AdaptivePolicy:
 
     def choose(self, batch: int, context: int) -> DraftPlan | None:
         cell = self.buckets.cell(batch, context)
-        predicted = [self.predict(batch, context, plan) for plan in self.arms]
+        near = context - context % CONTEXT_GRAIN  # the prediction's cache hits 15 steps of 16
+        predicted = [self.predict(batch, near, plan) for plan in self.arms]
         estimates = [self.table.estimate(cell, arm, predicted[arm])
                      for arm in range(len(self.arms))]
         best = max(range(len(self.arms)), key=lambda arm: (estimates[arm].rate, -arm))

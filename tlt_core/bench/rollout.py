@@ -241,37 +241,44 @@ def _tokens(result: RolloutResult) -> int:
 
 def hindsight_oracle(runs: dict[str, list[RolloutResult]], buckets: StepBuckets) -> dict:
     """The best measured arm per cell, replayed over every SD-off run (module docstring):
-    {"tok_s": per round, "cells": {cell label: {"arm", "ratio", "steps"}}}. An arm's ratio in
-    a cell is its committed tokens per second there over SD off's, over every mode's steps;
-    SD off's own steps are the arm "off"."""
-    sums: dict[tuple[int, str], list[float]] = {}  # (cell, arm) -> [tokens, seconds, steps]
+    {"tok_s": per round, "cells": {cell label: {"arm", "ratio", "steps", "accept",
+    "step_cost"}}}. An arm's ratio in a cell is its committed tokens per second there over SD
+    off's, over every mode's steps; SD off's own steps are the arm "off". What limits a ratio
+    is in the other two: `accept`, the tokens a row commits per step of the arm, and
+    `step_cost`, its mean step's seconds over SD off's in the cell (ratio ~ accept /
+    step_cost)."""
+    # (cell, arm) -> [tokens, seconds, steps, row-steps]
+    sums: dict[tuple[int, str], list[float]] = {}
     for mode, results in runs.items():
         if mode == "off_reseeded":
             continue
         for result in results:
             for o in result.step_trace:
                 arm = "off" if mode == "off" else o.arm
-                total = sums.setdefault((buckets.cell(o.batch, o.context), arm), [0, 0.0, 0])
+                total = sums.setdefault((buckets.cell(o.batch, o.context), arm), [0, 0.0, 0, 0])
                 total[0] += o.emitted
                 total[1] += o.seconds
                 total[2] += 1
-    best: dict[int, tuple[str, float, int]] = {}
-    for (cell, arm), (tokens, seconds, steps) in sums.items():
+                total[3] += o.batch
+    best: dict[int, dict] = {}
+    for (cell, arm), (tokens, seconds, steps, row_steps) in sums.items():
         off = sums.get((cell, "off"))
         if off is None or steps < MIN_ORACLE_STEPS or arm == "off":
             continue
         ratio = (tokens / seconds) / (off[0] / off[1])
-        if ratio > best.get(cell, ("off", 1.0, 0))[1]:
-            best[cell] = (arm, ratio, steps)
+        if ratio > best.get(cell, {"ratio": 1.0})["ratio"]:
+            best[cell] = {"arm": arm, "ratio": ratio, "steps": steps,
+                          "accept": tokens / row_steps,
+                          "step_cost": (seconds / steps) / (off[1] / off[2])}
     rates = []
     for result in runs["off"]:
         steps_s = sum(o.seconds for o in result.step_trace)
-        replayed = sum(o.seconds / best.get(buckets.cell(o.batch, o.context), ("off", 1.0))[1]
+        replayed = sum(o.seconds / best.get(buckets.cell(o.batch, o.context),
+                                            {"ratio": 1.0})["ratio"]
                        for o in result.step_trace)
         rates.append(_tokens(result) / (result.total_s - steps_s + replayed))
-    cells = {buckets.label(cell): {"arm": arm, "ratio": ratio, "steps": steps}
-             for cell, (arm, ratio, steps) in sorted(best.items())}
-    return {"tok_s": rates, "cells": cells}
+    return {"tok_s": rates,
+            "cells": {buckets.label(cell): best[cell] for cell in sorted(best)}}
 
 
 def _rows(label: str, workload: str, runs: dict[str, list[RolloutResult]], oracle: dict,
@@ -365,6 +372,10 @@ def format_table(result: dict) -> str:
                 f"({shape['p99_over_median']:.1f}x), max {shape['max']}" if shape else "")
         lines.append(f"{workload}: SD always = {detail['always']}; calibration "
                      f"{detail['calibration_s']:.0f} s (shared){note}")
+        for label, cell in detail["oracle"]["cells"].items():
+            lines.append(f"  oracle {label}: {cell['arm']} {cell['ratio']:.2f}x SD off "
+                         f"({cell['accept']:.2f} tokens a row-step at {cell['step_cost']:.2f} "
+                         f"SD-off steps; {cell['steps']} steps)")
     lines.append("off_reseeded: SD off with another seed (the noise floor); oracle: the best "
                  "measured arm per cell, replayed over SD off's steps")
     return "\n".join(lines)
