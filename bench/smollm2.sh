@@ -8,7 +8,8 @@
 #   drafter      tlt drafter train on 512 arithmetic problems x 2 responses (about 45 min)
 #   speculative  batch 1 at T = 1 (sampled chains) and T = 0
 #   batches      batches 4 / 16 / 64 at T = 0 and T = 1, plus the float32 exactness check
-#   rollout      long-tail and no-tail rollouts, SD off / always / adaptive / + suffix drafts
+#   rollout      natural, trace (forced long-tailed lengths) and no-tail rollouts: SD off /
+#                always / adaptive / off reseeded, and the hindsight oracle
 #   train        GRPO end to end, TLT vs SD off vs SD off reseeded
 #   drafter_bench, simulate   spot-trained vs frozen drafter; the simulator's validation
 #
@@ -58,7 +59,7 @@ for stage in "${STAGES[@]}"; do
         --reps 1 --requests 4 --max-tokens 128 \
         --json "$RESULTS/speculative_smollm2_fp32_t0_cpu.json" ;;
     rollout)
-      tlt bench rollout "${COMMON[@]}" --rounds 1 --always 6,1,7 --sampled-drafts \
+      tlt bench rollout "${COMMON[@]}" --rounds 1 --sampled-drafts \
         --json "$RESULTS/rollout_smollm2_bf16_cpu.json" \
         --plot "$RESULTS/rollout_smollm2_bf16_cpu.png" ;;
     train)
