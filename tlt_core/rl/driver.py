@@ -62,7 +62,8 @@ from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolic
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.engine.records import Request, SamplingParams, seconds_at_or_below
+from tlt_core.engine.records import (Request, SamplingParams, seconds_at_or_below,
+                                     step_trace_rows)
 from tlt_core.engine.sampling import sample_seed
 from tlt_core.model.transformer import Transformer
 from tlt_core.optim.master_weights import MasterWeightAdamW
@@ -239,6 +240,8 @@ class RLDriver:
             "first_reward_error": batch.first_reward_error,
             "trace_time_s": trace_time, "trace_running": trace_running,
             "trace_speculative": trace_speculative,
+            "step_trace": [{"round": number, **row} for number, r in enumerate(batch.rounds)
+                           for row in step_trace_rows(r.step_trace)],
             "sd_batch_max": max((b for b, sd in zip(trace_running, trace_speculative) if sd),
                                 default=None),
             "lr": config.lr * lr_scale, **losses}
