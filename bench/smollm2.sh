@@ -10,7 +10,8 @@
 #   batches      batches 4 / 16 / 64 at T = 0 and T = 1, plus the float32 exactness check
 #   rollout      natural, trace (forced long-tailed lengths) and no-tail rollouts: SD off /
 #                always / adaptive / off reseeded, and the hindsight oracle
-#   train        GRPO end to end, TLT vs SD off vs SD off reseeded
+#   train        GRPO end to end, TLT vs SD off vs SD off reseeded, per token, on forced
+#                long-tailed lengths (the trace workload), 16 prompts x 8 samples, 4 steps
 #   drafter_bench, simulate   spot-trained vs frozen drafter; the simulator's validation
 #
 # DRAFTER=DIR reuses a drafter folder (default: runs/smollm2-drafter, trained by the first
@@ -63,8 +64,9 @@ for stage in "${STAGES[@]}"; do
         --json "$RESULTS/rollout_smollm2_bf16_cpu.json" \
         --plot "$RESULTS/rollout_smollm2_bf16_cpu.png" ;;
     train)
-      tlt bench train "${COMMON[@]}" --steps 8 --prompts-per-step 2 --samples-per-prompt 4 \
-        --max-new-tokens 512 --sampled-drafts --json "$RESULTS/train_smollm2_bf16_cpu.json" ;;
+      tlt bench train "${COMMON[@]}" --workload trace --steps 4 --prompts-per-step 16 \
+        --samples-per-prompt 8 --max-new-tokens 1024 --sampled-drafts \
+        --json "$RESULTS/train_smollm2_bf16_cpu.json" ;;
     drafter_bench)
       tlt bench drafter "${COMMON[@]}" --json "$RESULTS/drafter_smollm2_bf16_cpu.json" ;;
     simulate)

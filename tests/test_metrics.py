@@ -181,6 +181,13 @@ def test_the_trace_says_which_steps_were_speculative_and_the_report_plots_it(tmp
             on = [b for b, sd in zip(m["trace_running"], m["trace_speculative"]) if sd]
             assert m["sd_batch_max"] == (max(on) if on else None)
             assert m["sd_on_share"] == pytest.approx(len(on) / len(m["trace_running"]))
+            # the step trace is the same rollout, step by step
+            trace = m["step_trace"]
+            assert [row["batch"] for row in trace] == m["trace_running"]
+            assert [row["arm"] != "plain" for row in trace] == m["trace_speculative"]
+            # every sample's first token comes from its prefill, the rest from decode steps
+            assert sum(row["emitted"] for row in trace) + len(m["response_lengths"]) == \
+                sum(m["response_lengths"])
             if name == "baseline":
                 assert not on
     # SD at the smallest batches, as the adaptive switch runs it (the tiny run's own choices

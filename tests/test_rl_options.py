@@ -196,10 +196,15 @@ def test_resume_equals_uninterrupted_with_every_option_on(tmp_path, options):
     resumed.resume(saved)
     resumed.step()
     timing = {"step_s", "rollout_s", "train_s", "rollout_share", "tail_s", "trace_time_s",
-              "eval_s"}
+              "eval_s", "step_trace"}
+
+    def untimed(trace):
+        return [{k: v for k, v in row.items() if k not in ("seconds", "catch_up_s")}
+                for row in trace]
     for mine, theirs in zip(resumed.state.history, whole.state.history):
         assert {k: v for k, v in mine.items() if k not in timing} == \
             {k: v for k, v in theirs.items() if k not in timing}
+        assert untimed(mine["step_trace"]) == untimed(theirs["step_trace"])
     for a, b in zip(whole.policy.parameters(), resumed.policy.parameters()):
         assert torch.equal(a, b)
     if whole.critic is not None:

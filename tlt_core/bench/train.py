@@ -3,12 +3,39 @@
 Three runs of the same config on the embedded task and model (or a checkpoint with its drafter
 on arithmetic word problems, `--model DIR --drafter DIR`), stepped in turn (step k of each, then
 step k + 1) so machine noise hits them alike: TLT (adaptive SD, seed s), SD off (seed s),
-and SD off again with another seed (s + 1), whose reward curve against the first SD-off run is
-the noise floor. Rows: per step and run, step time, rollout time, reward. Summary: `speedup`
-(SD-off time / TLT time, summed over steps), `reward_gap` (mean |reward_TLT - reward_off| per
-step) and `reward_noise` (the same between the two SD-off runs). SD is lossless, so TLT's rewards
-differ from SD-off's only as much as two seeds' do (the samples differ; their distribution does
-not).
+and SD off again with another seed (s + 1), whose numbers against the first SD-off run are the
+noise floor.
+
+Workloads (`--workload`):
+- natural: each response ends at the model's stop ids or max_new_tokens, as `tlt train` rolls
+  out;
+- trace: each sample decodes to exactly a length drawn from a long-tailed distribution
+  (tlt_core.bench.length_trace: a lognormal, p99 10.2x the median at sigma 1, or the lengths of
+  `--trace-file`), capped at max_new_tokens, its stop ids dropped: a forced output length, as
+  vLLM's benchmarks fix one, through the driver's `forced_lengths`. Sample j of the k-th prompt
+  of step s takes entry (s x prompts_per_step + k) x samples_per_prompt + j of the lengths
+  (`TraceLengths`), so all three runs decode the same lengths at the same (step, prompt,
+  sample), and the runs differ by their step rates alone.
+
+The adaptive loop calibrates when the TLT run starts; its seconds count in TLT's step 0
+(`calibration_s`, inside that step's step_s and rollout_s).
+
+Rows, per step and run: step_s, rollout_s, train_s, calibration_s, reward, acceptance, `tokens`
+(response tokens committed in the step, every rank's, stop tokens included), `tok_s` (tokens /
+step_s) and `rollout_tok_s` (tokens / rollout_s), the step's `response_lengths` and its rollout's
+`step_trace` (rank 0's decode steps: TRACE_COLUMNS, one row per step).
+
+Summary, each rate summed over the steps (total tokens / total seconds):
+- `speedup_per_token`: TLT's tok_s over SD off's, and `rollout_speedup_per_token` the same on
+  the rollout; runs that sample different lengths (natural) compare fairly only per token;
+- `noise_per_token` / `rollout_noise_per_token`: SD off reseeded over SD off, the same ratios
+  between two runs that differ by seed alone: a speedup is real only as far as it stands out
+  from their distance to 1;
+- `speedup` / `rollout_speedup`: per-step time ratios, SD-off time over TLT time for the same
+  steps (equal to the per-token ratios when the runs decode the same tokens);
+- `reward_gap` (mean |reward_TLT - reward_off| per step) and `reward_noise` (the same between
+  the two SD-off runs). SD is lossless, so TLT's rewards differ from SD-off's only as much as
+  two seeds' do (the samples differ; their distribution does not).
 """
 
 from __future__ import annotations
@@ -20,6 +47,8 @@ from typing import Callable
 
 from tqdm import tqdm
 
+from tlt_core.bench.length_trace import (DEFAULT_MEDIAN, DEFAULT_SIGMA, lognormal_lengths,
+                                         load_lengths, tail_shape)
 from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions
 from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.embedded.workload import train_inputs
@@ -27,12 +56,29 @@ from tlt_core.rl.driver import RLDriver, TrainConfig
 from tlt_core.tasks.inputs import TrainInputs
 
 RUNS = (("tlt", True, 0), ("off", False, 0), ("off_seed2", False, 1))
+WORKLOADS = ("natural", "trace")
+TRACE_COLUMNS = ("round", "step", "batch", "context", "arm", "emitted", "seconds", "catch_up_s")
+TRACE_SEED = 0  # the lognormal's draws: one set for all three runs
 
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """`tlt bench train`: the runs' length and sizes (None: TrainConfig's)."""
-    json: Path | None = option("write rows + summary", None, metavar="FILE")
+    """`tlt bench train`: the workload, the runs' length and sizes (None: TrainConfig's)."""
+    json: Path | None = option("write rows + summary (with each step's response lengths and "
+                               "step trace)", None, metavar="FILE")
+    workload: str = option("natural: each response ends at the model's stop ids or "
+                           "--max-new-tokens; trace: each sample decodes to exactly a length "
+                           "drawn from a long-tailed distribution (the lognormal of "
+                           "--trace-median / --trace-sigma, or --trace-file), capped at "
+                           "--max-new-tokens, its stop ids dropped, the same lengths in every "
+                           "run", "natural", choices=WORKLOADS)
+    trace_file: Path | None = option("trace: the lengths, a JSON list or one int per line, "
+                                     "taken in order (step by step, prompt by prompt, sample by "
+                                     "sample; from the start again when the run needs more) "
+                                     "instead of the lognormal", None, metavar="FILE")
+    trace_median: int = option("trace: the lognormal's median length", DEFAULT_MEDIAN)
+    trace_sigma: float = option("trace: the lognormal's sigma (1.0: p99 is 10.2x the median)",
+                                DEFAULT_SIGMA)
     steps: int = option("GRPO steps per run", 12)
     prompts_per_step: int | None = option("prompts per GRPO step (default: TrainConfig's)", None,
                                           metavar="N")
@@ -42,6 +88,24 @@ class TrainOptions:
                                         metavar="N")
     sampled_drafts: bool = option("TLT's adaptive plans include sampled chains", False)
     no_progress: bool = option("no progress bars", False)
+
+    def __post_init__(self):
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload: must be one of {', '.join(WORKLOADS)}, got "
+                             f"{self.workload!r}")
+        if self.trace_file is not None and self.workload != "trace":
+            raise ValueError("trace_file: lengths for the trace workload; add --workload trace")
+        if not self.trace_median >= 1:
+            raise ValueError(f"trace_median: must be >= 1 token, got {self.trace_median}")
+        if not self.trace_sigma >= 0:
+            raise ValueError(f"trace_sigma: must be >= 0, got {self.trace_sigma}")
+
+    def train_config(self) -> TrainConfig:
+        """The runs' TrainConfig: TrainConfig's defaults with the sizes given here."""
+        sizes = {name: getattr(self, name) for name in ("prompts_per_step", "samples_per_prompt",
+                                                         "max_new_tokens")
+                 if getattr(self, name) is not None}
+        return TrainConfig(steps=self.steps, sampled_drafts=self.sampled_drafts, **sizes)
 
 
 CLI_OPTIONS = (TrainOptions, ModelOptions)
@@ -53,10 +117,44 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         add_dataclass_arguments(parser, options)
 
 
+@dataclass(frozen=True)
+class TraceLengths:
+    """The trace workload's forced lengths (tlt_core.rl.driver.ForcedLengths): sample j of the
+    k-th prompt rolled out in step s decodes `lengths[(s x prompts_per_step + k) x
+    samples_per_prompt + j]`, from the start again past the end. `source` says where the
+    lengths came from."""
+    lengths: tuple[int, ...]
+    prompts_per_step: int
+    samples_per_prompt: int
+    source: str
+
+    def __call__(self, step: int, prompt: int, sample: int) -> int:
+        row = (step * self.prompts_per_step + prompt) * self.samples_per_prompt + sample
+        return self.lengths[row % len(self.lengths)]
+
+
+def trace_lengths(options: TrainOptions, config: TrainConfig) -> TraceLengths:
+    """The lengths of `--workload trace`: --trace-file's, or one lognormal draw per sample of
+    the run; each capped at max_new_tokens. A bad file raises FileNotFoundError / ValueError
+    naming it."""
+    cap = config.max_new_tokens
+    if options.trace_file is not None:
+        drawn, source = load_lengths(options.trace_file), f"file {options.trace_file}"
+    else:
+        rows = config.steps * config.prompts_per_step * config.samples_per_prompt
+        drawn = lognormal_lengths(rows, median=options.trace_median, sigma=options.trace_sigma,
+                                  cap=cap, seed=TRACE_SEED)
+        source = f"lognormal (median {options.trace_median}, sigma {options.trace_sigma})"
+    return TraceLengths(tuple(min(n, cap) for n in drawn), config.prompts_per_step,
+                        config.samples_per_prompt, f"{source}, capped at {cap}")
+
+
 def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True,
-        inputs: Callable[[], TrainInputs] | None = None, label: str = EMBEDDED_LABEL) -> dict:
+        inputs: Callable[[], TrainInputs] | None = None, label: str = EMBEDDED_LABEL,
+        trace: TraceLengths | None = None) -> dict:
     """inputs: builds one run's TrainInputs, called once per run so that each run trains its
-    own copy of the policy and drafter (default: the embedded workload's)."""
+    own copy of the policy and drafter (default: the embedded workload's). trace: the trace
+    workload's lengths; None: the natural workload."""
     inputs_for_run = inputs or (lambda: train_inputs(progress=progress))
     drivers = {}
     for name, tlt, seed_offset in RUNS:
@@ -64,57 +162,96 @@ def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True,
         drivers[name] = RLDriver(inputs.policy, inputs.prompts, inputs.reward_fn,
                                  inputs.detokenize, inputs.stop_ids,
                                  replace(config, tlt=tlt, seed=config.seed + seed_offset),
-                                 drafter=inputs.drafter, calibration=inputs.calibration)
+                                 drafter=inputs.drafter, calibration=inputs.calibration,
+                                 forced_lengths=trace)
     rows = []
     bar = tqdm(total=config.steps * len(RUNS), disable=not progress, unit="step", desc="train")
     for _ in range(config.steps):
         for name, driver in drivers.items():
-            m = driver.step()
-            rows.append({"model": label, "run": name, "step": m["step"],
-                         "step_s": m["step_s"],
-                         "rollout_s": m["rollout_s"], "train_s": m["train_s"],
-                         "reward": m["reward"], "acceptance_length": m["acceptance_length"],
-                         **{key: m[key] for key in m if key.startswith("acceptance_length/")},
-                         "sd_on_share": m["sd_on_share"], "logprob_gap": m["logprob_gap"],
-                         "tokens": sum(m["response_lengths"])})
+            rows.append(_row(label, name, driver.step()))
             bar.update()
     bar.close()
-    return {"model": label, "config": asdict(config), "rows": rows,
+    workload = ({"name": "natural"} if trace is None else
+                {"name": "trace", "lengths": trace.source})
+    return {"model": label, "workload": workload, "config": asdict(config), "rows": rows,
             "summary": summarize(rows)}
 
 
+def _row(label: str, run_name: str, m: dict) -> dict:
+    """One run's step as a row: its times, rates, reward and acceptance, lengths and trace."""
+    tokens = sum(m["response_lengths"])
+    return {"model": label, "run": run_name, "step": m["step"],
+            "step_s": m["step_s"], "rollout_s": m["rollout_s"], "train_s": m["train_s"],
+            "calibration_s": m["calibration_s"],
+            "tokens": tokens, "tok_s": tokens / m["step_s"],
+            "rollout_tok_s": tokens / m["rollout_s"],
+            "reward": m["reward"], "acceptance_length": m["acceptance_length"],
+            **{key: m[key] for key in m if key.startswith("acceptance_length/")},
+            "sd_on_share": m["sd_on_share"], "logprob_gap": m["logprob_gap"],
+            "response_lengths": m["response_lengths"],
+            "step_trace": {"columns": list(TRACE_COLUMNS),
+                           "rows": [[row[c] for c in TRACE_COLUMNS] for row in m["step_trace"]]}}
+
+
 def summarize(rows: list[dict]) -> dict:
+    """The runs' totals and ratios (module docstring) from their rows."""
     def of(run, key):
         return [r[key] for r in sorted((r for r in rows if r["run"] == run),
                                        key=lambda r: r["step"])]
 
     def gap(a, b):
-        return sum(abs(x - y) for x, y in zip(of(a, "reward"), of(b, "reward"))) / len(of(a, "reward"))
+        pairs = list(zip(of(a, "reward"), of(b, "reward")))
+        return sum(abs(x - y) for x, y in pairs) / len(pairs)
 
-    time = {run: sum(of(run, "step_s")) for run, _, _ in RUNS}
-    rollout = {run: sum(of(run, "rollout_s")) for run, _, _ in RUNS}
-    return {"speedup": time["off"] / time["tlt"],
+    names = [run for run, _, _ in RUNS]
+    time = {run: sum(of(run, "step_s")) for run in names}
+    rollout = {run: sum(of(run, "rollout_s")) for run in names}
+    tokens = {run: sum(of(run, "tokens")) for run in names}
+    tok_s = {run: tokens[run] / time[run] for run in names}
+    rollout_tok_s = {run: tokens[run] / rollout[run] for run in names}
+    return {"speedup_per_token": tok_s["tlt"] / tok_s["off"],
+            "rollout_speedup_per_token": rollout_tok_s["tlt"] / rollout_tok_s["off"],
+            "noise_per_token": tok_s["off_seed2"] / tok_s["off"],
+            "rollout_noise_per_token": rollout_tok_s["off_seed2"] / rollout_tok_s["off"],
+            "speedup": time["off"] / time["tlt"],
             "rollout_speedup": rollout["off"] / rollout["tlt"],
             "reward_gap": gap("tlt", "off"), "reward_noise": gap("off_seed2", "off"),
+            "tokens": tokens, "tok_s": tok_s, "rollout_tok_s": rollout_tok_s,
             "time_s": time, "rollout_s": rollout,
+            "calibration_s": {run: sum(of(run, "calibration_s")) for run in names},
             "rollout_share_off": rollout["off"] / time["off"],
+            "response_lengths": {run: tail_shape([n for lengths in of(run, "response_lengths")
+                                                  for n in lengths]) for run in names},
             "mean_reward": {run: sum(of(run, "reward")) / len(of(run, "reward"))
-                            for run, _, _ in RUNS},
+                            for run in names},
             "max_logprob_gap": max(r["logprob_gap"] for r in rows)}
 
 
 def format_table(result: dict) -> str:
+    workload = result["workload"]
     lines = [f"model: {result.get('model', EMBEDDED_LABEL)}",
-             f"{'step':>4}" + "".join(f"{run + ' s':>13}{'reward':>8}" for run, _, _ in RUNS)]
+             f"workload: {workload['name']}" + (f" ({workload['lengths']})"
+                                                if "lengths" in workload else ""),
+             f"{'step':>4}" + "".join(f"{run + ' s':>13}{'tok/s':>8}{'reward':>8}"
+                                      for run, _, _ in RUNS)]
     steps = sorted({r["step"] for r in result["rows"]})
     for step in steps:
         cells = ""
         for run, _, _ in RUNS:
             r = next(x for x in result["rows"] if x["run"] == run and x["step"] == step)
-            cells += f"{r['step_s']:>13.2f}{r['reward']:>8.3f}"
+            cells += f"{r['step_s']:>13.2f}{r['tok_s']:>8.1f}{r['reward']:>8.3f}"
         lines.append(f"{step:>4}{cells}")
     s = result["summary"]
-    lines.append(f"speedup {s['speedup']:.2f}x end to end ({s['rollout_speedup']:.2f}x on rollout; "
-                 f"rollout is {100 * s['rollout_share_off']:.0f}% of an SD-off step); reward gap "
-                 f"{s['reward_gap']:.3f} vs noise {s['reward_noise']:.3f}")
+    shape = s["response_lengths"]["off"]
+    lines += [
+        f"responses (SD off): median {shape['median']}, p99 {shape['p99']}, max {shape['max']} "
+        f"tokens; {s['tokens']['tlt']} / {s['tokens']['off']} / {s['tokens']['off_seed2']} "
+        f"tokens in all (TLT / SD off / SD off reseeded)",
+        f"per token: TLT {s['speedup_per_token']:.2f}x SD off end to end "
+        f"({s['rollout_speedup_per_token']:.2f}x on the rollout); noise floor, SD off reseeded "
+        f"over SD off: {s['noise_per_token']:.2f}x ({s['rollout_noise_per_token']:.2f}x)",
+        f"per-step time: TLT {s['speedup']:.2f}x SD off end to end ({s['rollout_speedup']:.2f}x "
+        f"on the rollout; rollout is {100 * s['rollout_share_off']:.0f}% of an SD-off step); "
+        f"TLT's step 0 includes {s['calibration_s']['tlt']:.1f} s of calibration",
+        f"reward gap {s['reward_gap']:.3f} vs noise {s['reward_noise']:.3f}"]
     return "\n".join(lines)

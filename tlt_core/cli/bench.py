@@ -37,7 +37,6 @@ from tlt_core.embedded.workload import load_embedded, load_pretrained
 from tlt_core.engine.records import SamplingParams
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.gguf_convert import cache_root
-from tlt_core.rl.config import TrainConfig
 from tlt_core.sim.simulator import load_calibration
 from tlt_core.tasks.arithmetic_problems import generate_problems, write_jsonl
 from tlt_core.tasks.inputs import TrainInputs, checkpoint_inputs
@@ -222,17 +221,21 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    sizes = {name: getattr(args, name) for name in ("prompts_per_step", "samples_per_prompt",
-                                                     "max_new_tokens")
-             if getattr(args, name) is not None}
+    command = "tlt bench train"
+    options = dataclass_from_args(bench_train.TrainOptions, args, command)
     try:
-        config = TrainConfig(steps=args.steps, sampled_drafts=args.sampled_drafts, **sizes)
-    except ValueError as error:
-        raise SystemExit(f"tlt bench train: --{str(error).replace('_', '-')}") from None
+        config = options.train_config()
+    except ValueError as error:  # "steps: ..." -> "--steps: ..."
+        raise SystemExit(f"{command}: --{str(error).replace('_', '-')}") from None
+    trace = None
+    if options.workload == "trace":
+        try:
+            trace = bench_train.trace_lengths(options, config)
+        except (FileNotFoundError, ValueError) as error:  # the file's
+            raise SystemExit(f"{command}: --trace-file: {error}") from None
     if args.model is None:
-        result = bench_train.run(config, progress=not args.no_progress)
+        result = bench_train.run(config, progress=not options.no_progress, trace=trace)
     else:
-        command = "tlt bench train"
         if args.drafter is None:
             raise SystemExit(f"{command}: --model needs --drafter DIR (tlt drafter train)")
         placement = placement_from_args(args, command, embedded=False)
@@ -244,10 +247,10 @@ def run_train(args: argparse.Namespace) -> int:
                                          placement=placement)
             except (FileNotFoundError, ImportError, ValueError) as error:
                 raise SystemExit(f"{command}: {error}") from None
-        result = bench_train.run(config, progress=not args.no_progress, inputs=inputs,
-                                 label=model_label(args.model, placement.dtype))
+        result = bench_train.run(config, progress=not options.no_progress, inputs=inputs,
+                                 label=model_label(args.model, placement.dtype), trace=trace)
     print(bench_train.format_table(result))
-    _write_json(args.json, result)
+    _write_json(options.json, result)
     return 0
 
 
@@ -366,10 +369,16 @@ BENCHMARKS = (
          "speedup per token vs SD off.",
          run_rollout),
     Leaf("train", bench_train.add_cli_args,
-         "GRPO end to end: TLT vs SD off (and SD off with another seed)",
-         "Three GRPO runs on the embedded task, stepped in turn: TLT, SD off with the same "
-         "seed, SD off with another seed (the reward-noise floor). Reports per-step time and "
-         "reward, the end-to-end speedup, the reward gap and the reward noise.", run_train),
+         "GRPO end to end: TLT vs SD off (and SD off with another seed), per token",
+         "Three GRPO runs on the embedded task (or --model with its --drafter), stepped in "
+         "turn: TLT, SD off with the same seed, SD off with another seed (the noise floor). "
+         "Workloads: natural (responses end at the model's stop ids) or trace (every sample "
+         "decodes to exactly a length drawn from a long-tailed distribution, the same in every "
+         "run). Reports per step the time, tokens/s and reward; in all, TLT's tokens/s over SD "
+         "off's end to end and on the rollout (the adaptive loop's calibration counted in "
+         "TLT's first step), SD off reseeded over SD off beside it, the per-step time ratios, "
+         "the reward gap and the reward noise. The JSON keeps each step's response lengths and "
+         "step trace.", run_train),
     Leaf("simulate", bench_simulate.add_cli_args,
          "the scale simulator: validated on 2-rank runs here, then a projection",
          "Validates the rollout simulator (cost model + response lengths -> makespan) against "

@@ -140,6 +140,10 @@ RECORD_FIELDS: dict[str, str] = {
     "trace_running": "rows decoding during each of those steps (a list)",
     "trace_speculative": "whether each of those steps was speculative (a list of booleans: the "
                          "report marks the SD steps on the running-batch plot)",
+    "step_trace": "this rank's decode steps, round by round: a list of rows (round, step, "
+                  "running batch, mean context, arm: \"plain\" or the draft plan's key, tokens "
+                  "emitted, seconds, and of those the drafter's catch-up seconds); which arm "
+                  "the adaptive loop chose where, and what it cost",
 }
 
 HISTOGRAMS = ("response_lengths",)  # lists of numbers TensorBoard and wandb show as histograms

@@ -39,6 +39,16 @@ One step:
 
 The learning rate follows tlt_core.optim.schedule (warm-up, then constant or cosine), per step.
 
+Forced lengths (`forced_lengths`, for benchmarks such as `tlt bench train --workload trace`): a
+function (step, prompt, sample) -> tokens, where prompt counts the prompts rolled out in the
+step (refills continue the count) and sample the group's samples. Each training sample then
+decodes to exactly that many tokens, its stop ids dropped, as vLLM's benchmarks fix an output
+length. The step rolls out one request per sample, siblings kept together on one rank, and
+numbers the records back to (prompt, sample), so groups, rewards and advantages are computed as
+without it. Every such sample ends for its length (finish reason "length", so truncated_fraction
+counts it), which is why mask_truncated_completions is refused with forced lengths. Held-out
+evaluation keeps the model's own lengths.
+
 Determinism: sampling seeds come from (seed, step, prompt), so with SD off (or a fixed plan) a
 resumed run repeats an uninterrupted one exactly; with the adaptive loop the plan choices depend
 on measured step times, so the samples differ run to run (their distribution does not).
@@ -49,9 +59,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import numbers
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -62,7 +73,8 @@ from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolic
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.engine.records import Request, SamplingParams, seconds_at_or_below
+from tlt_core.engine.records import (Request, SamplingParams, seconds_at_or_below,
+                                     step_trace_rows)
 from tlt_core.engine.sampling import sample_seed
 from tlt_core.model.transformer import Transformer
 from tlt_core.optim.master_weights import MasterWeightAdamW
@@ -87,6 +99,8 @@ from tlt_core.workers.watchdog import DrafterWatchdog
 
 TAIL_FRACTION = 0.25  # the tail: the running batch at or below this share of the step's peak
 EVAL_SEED_STEP = -1  # evaluation samples use the seeds of this step index: the same every pass
+# (step, prompt index within the step, sample index) -> the tokens that sample decodes
+ForcedLengths = Callable[[int, int, int], int]
 
 
 @dataclass
@@ -116,20 +130,25 @@ class _Collected:
 class RLDriver:
     """GRPO or PPO with TLT, one step at a time. detokenize maps a response's token ids to the
     text the reward function reads; stop_ids end a response; evaluation: the held-out prompts
-    of eval_every."""
+    of eval_every; forced_lengths: each training sample's exact length (module docstring),
+    None for responses that end at a stop id or max_new_tokens."""
 
     def __init__(self, policy: torch.nn.Module, prompts: Sequence[Prompt], reward_fn: RewardFn,
                  detokenize: Callable[[list[int]], str], stop_ids: Sequence[int],
                  config: TrainConfig = TrainConfig(), *, drafter: Drafter | None = None,
                  calibration: Sequence[Prompt] = (), group: WorkerGroup | None = None,
-                 evaluation: Sequence[Prompt] = ()):
+                 evaluation: Sequence[Prompt] = (), forced_lengths: ForcedLengths | None = None):
         if not prompts:
             raise ValueError("prompts: need at least one prompt")
+        if forced_lengths is not None and config.mask_truncated_completions:
+            raise ValueError("forced_lengths: every forced sample ends for its length, so "
+                             "mask_truncated_completions would leave them all out of the loss")
         if config.eval_every and not evaluation:
             raise ValueError("evaluation: eval_every needs held-out prompts (--eval-data)")
         self.config, self.policy, self.prompts = config, policy, list(prompts)
         self.evaluation = list(evaluation)
         self.reward_fn, self.detokenize, self.stop_ids = reward_fn, detokenize, tuple(stop_ids)
+        self.forced_lengths = forced_lengths
         self.group = group or WorkerGroup()
         if config.minibatch_size < self.group.world_size:
             raise ValueError(f"minibatch_size: {config.minibatch_size} is below the number of "
@@ -239,6 +258,8 @@ class RLDriver:
             "first_reward_error": batch.first_reward_error,
             "trace_time_s": trace_time, "trace_running": trace_running,
             "trace_speculative": trace_speculative,
+            "step_trace": [{"round": number, **row} for number, r in enumerate(batch.rounds)
+                           for row in step_trace_rows(r.step_trace)],
             "sd_batch_max": max((b for b, sd in zip(trace_running, trace_speculative) if sd),
                                 default=None),
             "lr": config.lr * lr_scale, **losses}
@@ -273,11 +294,12 @@ class RLDriver:
                 rate = max(kept_groups / offered, 1 / per)
                 count = min(per, math.ceil((per - len(kept.prompts)) / rate))
             prompts = self._take_prompts(count)
-            requests = [self._request(p, config.max_new_tokens, step, offered + i)
-                        for i, p in enumerate(prompts)]
-            rollouts, stats = rollout_round(self.group, self.engine, requests,
-                                            round_id=self._round_id(),
-                                            strategy=self._rollout_policy(), trainer=self.spot)
+            if self.forced_lengths is None:
+                rollouts, stats = self._rollout(
+                    [self._request(p, config.max_new_tokens, step, offered + i)
+                     for i, p in enumerate(prompts)])
+            else:
+                rollouts, stats = self._forced_rollout(prompts, step, offered)
             kept.rounds.append(stats)
             offered += len(prompts)
             scored = score_all(self.reward_fn, [prompts[r.request_index].text for r in rollouts],
@@ -305,6 +327,38 @@ class RLDriver:
             if (not config.dynamic_sampling or len(kept.prompts) == per
                     or len(kept.rounds) > config.max_refill_rounds):
                 return kept
+
+    def _rollout(self, requests: list[Request], group_size: int = 1
+                 ) -> tuple[list, WorkerRound]:
+        """One training rollout round over every rank (groups of `group_size` requests kept on
+        one rank)."""
+        return rollout_round(self.group, self.engine, requests, round_id=self._round_id(),
+                             strategy=self._rollout_policy(), trainer=self.spot,
+                             group_size=group_size)
+
+    def _forced_rollout(self, prompts: list[Prompt], step: int, offered: int
+                        ) -> tuple[list, WorkerRound]:
+        """The round's samples at their forced lengths: one request per sample, no stop ids,
+        max_tokens its length; the records numbered back to (prompt, sample)."""
+        n, cap = self.config.samples_per_prompt, self.config.max_new_tokens
+        requests = []
+        for i, prompt in enumerate(prompts):
+            index = offered + i
+            for sample in range(n):
+                length = self.forced_lengths(step, index, sample)
+                if (isinstance(length, bool) or not isinstance(length, numbers.Integral)
+                        or not 1 <= length <= cap):
+                    raise ValueError(f"forced_lengths: step {step}, prompt {index}, sample "
+                                     f"{sample} got {length!r}; a length must be a whole number "
+                                     f"of tokens in [1, max_new_tokens = {cap}]")
+                # the seed the default path's request gives this sample, hashed once more by
+                # the engine: distinct per sample, independent of how ranks split the requests
+                seed = sample_seed(sample_seed(self.config.seed, step, index), 0, sample)
+                requests.append(Request(prompt.ids, SamplingParams(
+                    temperature=self.config.temperature, max_tokens=int(length), seed=seed)))
+        rollouts, stats = self._rollout(requests, group_size=n)
+        return [replace(r, request_index=r.request_index // n, sample_index=r.request_index % n)
+                for r in rollouts], stats
 
     def _update(self, rollouts, scores: torch.Tensor) -> dict:
         """The policy's (and the critic's) update on the kept rollouts (group by group) with

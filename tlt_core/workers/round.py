@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from tlt_core.engine.engine import RolloutEngine
-from tlt_core.engine.hooks import Speculation
+from tlt_core.engine.hooks import Speculation, StepOutcome
 from tlt_core.engine.records import POSITION_BUCKET_LABELS, Request, Rollout
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.idle import IdleDetector
@@ -41,6 +41,8 @@ class WorkerRound:
     # acceptance_length per context bucket (RolloutResult.acceptance_by_position)
     acceptance_by_position: dict[str, float | None] = field(
         default_factory=lambda: dict.fromkeys(POSITION_BUCKET_LABELS))
+    # this rank's decode steps in order: batch, context, arm, tokens, seconds, catch-up
+    step_trace: tuple[StepOutcome, ...] = ()
 
 
 def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[Request],
@@ -80,4 +82,4 @@ def rollout_round(group: WorkerGroup, engine: RolloutEngine, requests: Sequence[
                                  tuple(result.trace_time_s.tolist()),
                                  tuple(result.trace_running.tolist()),
                                  tuple(result.trace_speculative.tolist()),
-                                 result.acceptance_by_position)
+                                 result.acceptance_by_position, result.step_trace)
