@@ -263,7 +263,9 @@ def hindsight_oracle(runs: dict[str, list[RolloutResult]], buckets: StepBuckets)
     best: dict[int, dict] = {}
     for (cell, arm), (tokens, seconds, steps, row_steps) in sums.items():
         off = sums.get((cell, "off"))
-        if off is None or steps < MIN_ORACLE_STEPS or arm == "off":
+        # the adaptive loop's plain steps are SD off's computation plus the drafter's queue:
+        # never faster but by noise, so plain's option is SD off itself
+        if off is None or steps < MIN_ORACLE_STEPS or arm in ("off", "plain"):
             continue
         ratio = (tokens / seconds) / (off[0] / off[1])
         if ratio > best.get(cell, {"ratio": 1.0})["ratio"]:
