@@ -6,6 +6,9 @@ import pytest
 
 from tests.speculative_fixtures import PROMPTS, tiny_target
 from tlt_core.adaptive.cost_model import SD_OFF, CostModel
+from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS
+from tlt_core.drafting.plan_keys import plan_from_key
+from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine import EngineConfig, RolloutEngine
 from tlt_core.sim.simulator import load_calibration, save_calibration, simulate
 from tlt_core.drafting.tree import Strategy
@@ -122,3 +125,10 @@ def test_calibration_files_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"rates": {"x": 1}}))
     with pytest.raises(ValueError, match="calibration"):
         load_calibration(tmp_path / "bad.json")
+
+
+def test_shipped_plans_round_trip_through_their_keys():
+    for plan in DEFAULT_PLANS + SAMPLED_PLANS + (SuffixMatch(3),):
+        assert plan_from_key(plan.key) == plan
+    with pytest.raises(ValueError, match=r"key: '\(6,1\)' is no shipped plan's key"):
+        plan_from_key("(6,1)")

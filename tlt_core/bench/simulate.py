@@ -48,6 +48,7 @@ from tlt_core.bench.model_workload import (EMBEDDED_LABEL, ModelOptions, ModelWo
                                            PerWorkload)
 from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.export import load_drafter
+from tlt_core.drafting.plan_keys import plan_from_key
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.embedded.workload import EmbeddedWorkload
@@ -264,8 +265,7 @@ def project(cost, *, workers: int = 64, prompts: int = 256, group_size: int = 8,
     p99 / median = exp(2.326 x 0.8) = 6.4, capped at 8192), not a published one."""
     lengths = sample_lengths("lognormal", prompts * group_size, seed=1, group_size=group_size,
                              median=median, sigma=sigma, max_length=max_length)
-    plans = [Strategy(*map(int, key.strip("()").split(","))) for key in cost.acceptance
-             if key.startswith("(")]
+    plans = [plan_from_key(key) for key in cost.acceptance]
     threshold = cost.threshold(plans) if plans else 0
     off = simulate(lengths, cost, workers=workers, max_batch=max_batch, group_size=group_size)
     tlt = simulate(lengths, cost, workers=workers, max_batch=max_batch, group_size=group_size,
