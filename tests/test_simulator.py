@@ -10,7 +10,8 @@ from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS
 from tlt_core.drafting.plan_keys import plan_from_key
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine import EngineConfig, RolloutEngine
-from tlt_core.sim.simulator import load_calibration, save_calibration, simulate
+from tlt_core.sim.simulator import (AcceptanceByBatch, load_calibration, save_calibration,
+                                    simulate)
 from tlt_core.drafting.tree import Strategy
 from tlt_core.sim.traces import load_lengths, replay_requests, sample_lengths, tail_stats
 
@@ -125,6 +126,21 @@ def test_calibration_files_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"rates": {"x": 1}}))
     with pytest.raises(ValueError, match="calibration"):
         load_calibration(tmp_path / "bad.json")
+
+
+def test_acceptance_per_running_batch():
+    cost = _flat_cost()
+    plan = Strategy(4, 1, 5)
+    # nothing accepted while both rows run, every draft once one is left: lengths 11 and 3
+    # decode 10 and 2 tokens; 2 steps at batch 2 (1 token a row), then 8 left at 5 a step
+    by_batch = AcceptanceByBatch({plan.key: {2: 1.0, 1: 5.0}})
+    prediction = simulate([11, 3], cost, group_size=2, plan=lambda batch: plan,
+                          acceptance=by_batch)
+    assert prediction.steps == 4
+    assert prediction.makespan_s == pytest.approx(2 * 0.02 + 2 * 0.02)
+    # a batch with no entry takes the nearest one in log2: 3 is nearer 4 than 1
+    assert AcceptanceByBatch({"k": {1: 1.0, 4: 3.0}}).at("k", 3) == 3.0
+    assert AcceptanceByBatch({"k": {1: 1.0}}).at("other", 1) is None
 
 
 def test_shipped_plans_round_trip_through_their_keys():

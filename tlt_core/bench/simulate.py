@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,7 +147,6 @@ class Replay:
     label: str  # the model, for the rows
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
-    prompt_length: float = 8.0  # the simulator's mean prompt tokens (its default: embedded)
 
 
 def embedded_replay(workload: EmbeddedWorkload, sizes: TraceSizes = TraceSizes()) -> Replay:
@@ -176,8 +174,7 @@ def model_replay(model: ModelWorkload, sizes: TraceSizes = MODEL_SIZES) -> Repla
     longest = max(sizes.max_length, sizes.calibration_tokens)
     return Replay(model.folder, model.drafter_folder, chosen[:groups], chosen[groups:], sizes,
                   max_len=max(map(len, chosen)) + longest + 16, label=model.label,
-                  dtype=model.placement.dtype, device=model.placement.device,
-                  prompt_length=statistics.mean(map(len, chosen[:groups])))
+                  dtype=model.placement.dtype, device=model.placement.device)
 
 
 def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
@@ -236,6 +233,9 @@ def validate(replay: Replay, reps: int = 3) -> dict:
         calibration = json.loads((folder / "cost.json").read_text())
         cost = load_calibration(folder / "cost.json")
     rows = [{"model": replay.label, **row} for row in rows]
+    # request i's prompt, as replay_requests gives it
+    prompt_lengths = [len(replay.prompts[(i // sizes.group_size) % len(replay.prompts)])
+                      for i in range(sizes.requests)]
     for row in rows:
         plan = None if row["mode"] == "off" else PLAN
         # the workload's acceptance is an input: forced lengths run past the natural end of a
@@ -244,7 +244,7 @@ def validate(replay: Replay, reps: int = 3) -> dict:
         predicted = simulate(row["lengths"], cost, workers=WORLD,
                              max_batch=sizes.requests // WORLD, group_size=sizes.group_size,
                              plan=None if plan is None else lambda batch: PLAN,
-                             acceptance=measured, prompt_length=replay.prompt_length)
+                             acceptance=measured, prompt_lengths=prompt_lengths)
         row["predicted_s"] = predicted.makespan_s
         row["idle_worker_s"] = predicted.idle_worker_s
         row["predicted_steps"] = predicted.steps
