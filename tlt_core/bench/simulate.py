@@ -105,6 +105,11 @@ class SimulateOptions:
     """`tlt bench simulate`: the traces (None: the workload's TraceSizes), the measurement and
     the projection."""
     json: Path | None = option("write rows + projection", None, metavar="FILE")
+    rollout: Path | None = option("validate on every measured run of this `tlt bench rollout "
+                                  "--json` file instead (its calibration, lengths, plans and "
+                                  "acceptance; no model runs, no projection)", None,
+                                  metavar="FILE")
+    simulations: int = option("simulations averaged per measured run, with --rollout", 8)
     reps: int = option("calibration sweeps and measured rollouts per row (medians)", 3)
     requests: int | None = option(DEFAULTS.help("requests per trace, both ranks together",
                                                 "requests"), None, metavar="N")
