@@ -15,7 +15,7 @@ from tlt_core.drafting.plan_keys import plan_from_key
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, RolloutEngine
-from tlt_core.sim.simulator import (AcceptanceByBatch, calibration_dict, load_calibration,
+from tlt_core.sim.simulator import (AcceptanceByContext, calibration_dict, load_calibration,
                                     save_calibration, simulate, step_seconds)
 from tlt_core.sim.traces import load_lengths, replay_requests, sample_lengths, tail_stats
 
@@ -132,19 +132,22 @@ def test_calibration_files_round_trip(tmp_path):
         load_calibration(tmp_path / "bad.json")
 
 
-def test_acceptance_per_running_batch():
+def test_acceptance_per_row_context():
     cost = _flat_cost()
     plan = Strategy(4, 1, 5)
-    # nothing accepted while both rows run, every draft once one is left: lengths 11 and 3
-    # decode 10 and 2 tokens; 2 steps at batch 2 (1 token a row), then 8 left at 5 a step
-    by_batch = AcceptanceByBatch({plan.key: {2: 1.0, 1: 5.0}})
+    # nothing accepted at contexts 8-9 (bucket 12: 2^3 up to 2^3.25), every draft from 10 on:
+    # lengths 11 and 3 on 8-token prompts decode 10 and 2 tokens; 2 steps at batch 2 (1 token a
+    # row), then the 8 left at 5 a step, 2 steps; each step lasts 0.02 s (_flat_cost)
+    by_context = AcceptanceByContext({plan.key: {12: 1.0, 13: 5.0}})
+    assert by_context.bucket(8) == by_context.bucket(9) == 12 and by_context.bucket(10) == 13
     prediction = simulate([11, 3], cost, group_size=2, plan=lambda batch: plan,
-                          acceptance=by_batch)
-    assert prediction.steps == 4
-    assert prediction.makespan_s == pytest.approx(2 * 0.02 + 2 * 0.02)
-    # a batch with no entry takes the nearest one in log2: 3 is nearer 4 than 1
-    assert AcceptanceByBatch({"k": {1: 1.0, 4: 3.0}}).at("k", 3) == 3.0
-    assert AcceptanceByBatch({"k": {1: 1.0}}).at("other", 1) is None
+                          acceptance=by_context, prompt_lengths=8)
+    assert prediction.steps == 4 and prediction.makespan_s == pytest.approx(4 * 0.02)
+    # measured from steps (key, mean context, rows, tokens): pooled per bucket; a context with
+    # no bucket of its own takes the nearest one
+    measured = AcceptanceByContext.measured([("k", 8, 2, 2), ("k", 9, 2, 6), ("k", 100, 1, 5)])
+    assert measured.at("k", 8.5) == 2.0 and measured.at("k", 90) == 5.0
+    assert measured.at("k", 1) == 2.0 and measured.at("other", 8) is None
 
 
 def test_shipped_plans_round_trip_through_their_keys():

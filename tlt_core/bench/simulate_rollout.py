@@ -9,9 +9,8 @@ says the run was, never from its measured times:
   steps); always, the file's SD-always plan on every step; adaptive, at each running batch the
   arm the run's own trace chose there most often (plain: a plain step of a loop that may
   speculate), the nearest traced batch (in log2) for a batch the trace never ran;
-- the acceptance: per arm and running batch, the tokens a row emitted per step in the run's
-  trace (sim.simulator.AcceptanceByBatch: a rollout's tail accepts differently from its full
-  batches).
+- the acceptance: per arm and context, the tokens a row emitted per step in the run's trace
+  (sim.simulator.AcceptanceByContext: where a row is in its text says what it accepts).
 The prediction is the mean of `simulations` simulations (the acceptance draws differ).
 
 error = predicted / measured - 1, and three parts that add up to it, each over the measured
@@ -31,15 +30,16 @@ an error below it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter, defaultdict
-from typing import Callable
+from typing import Callable, Iterable
 
 from tlt_core.adaptive.cost_model import SD_OFF
 from tlt_core.bench.rollout_file import PLAIN_ARM, MeasuredRun, TraceStep, WorkloadRuns
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.plan_keys import plan_from_key
-from tlt_core.sim.simulator import AcceptanceByBatch, nearest_batch, simulate, step_seconds
+from tlt_core.sim.simulator import AcceptanceByContext, simulate, step_seconds
 
 SD_OFF_MODES = ("off", "off_reseeded")
 TARGET_ERROR = 0.15  # the simulator's error bound on a measured rollout
@@ -53,16 +53,15 @@ def arm_by_batch(steps: tuple[TraceStep, ...]) -> dict[int, str]:
     return {batch: arms.most_common(1)[0][0] for batch, arms in counts.items()}
 
 
-def acceptance_by_batch(steps: tuple[TraceStep, ...]) -> AcceptanceByBatch:
-    """Per speculative arm and running batch: tokens committed per row step."""
-    sums: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-    for step in steps:
-        if step.arm != PLAIN_ARM:
-            total = sums[step.arm][step.batch]
-            total[0] += step.emitted
-            total[1] += step.batch
-    return AcceptanceByBatch({arm: {batch: emitted / rows for batch, (emitted, rows)
-                                    in by_batch.items()} for arm, by_batch in sums.items()})
+def acceptance_by_context(steps: tuple[TraceStep, ...]) -> AcceptanceByContext:
+    """Per speculative arm and context bucket: tokens committed per row step."""
+    return AcceptanceByContext.measured((s.arm, s.context, s.batch, s.emitted) for s in steps
+                                        if s.arm != PLAIN_ARM)
+
+
+def nearest_batch(batches: Iterable[int], batch: int) -> int:
+    """The batch among batches nearest to batch in log2 (the smaller one on a tie)."""
+    return min(batches, key=lambda b: (abs(math.log2(b) - math.log2(batch)), b))
 
 
 def _plan_of(arm: str) -> DraftPlan | None:
@@ -95,7 +94,7 @@ def predict_run(run: MeasuredRun, workload: WorkloadRuns, simulations: int = 8) 
         raise ValueError(f"simulations: must be >= 1, got {simulations}")
     predictions = [simulate(run.response_lengths, workload.cost, workers=1,
                             max_batch=workload.max_batch, plan=mode_plan(run, workload.always),
-                            acceptance=acceptance_by_batch(run.steps),
+                            acceptance=acceptance_by_context(run.steps),
                             prompt_lengths=run.prompt_lengths, seed=seed)
                    for seed in range(simulations)]
     predicted = statistics.mean(p.makespan_s for p in predictions)

@@ -8,7 +8,7 @@ is the cost model's measured tokens per second and c(P) the tokens a row emitted
 that calibration (1 for plain decoding): the step's duration; the context is the running rows'
 mean tokens in the cache, as the engine counts it. Every row advances 1 + k tokens, k drawn per
 row and step with the mean acceptance of the simulated workload (given by the caller, per plan
-or per plan and running batch, `AcceptanceByBatch`; default c(P)): the draws matter, because
+or per plan and row context, `AcceptanceByContext`; default c(P)): the draws matter, because
 the makespan is the slowest row's, and a noisy row finishes later than an average one; a row
 finishes when it has produced its length; a finished row's slot takes the next waiting request.
 Admitting rows costs what the calibration measured outside the decode steps for that many fresh
@@ -48,30 +48,50 @@ class Prediction:
     admission_s: float = 0.0
 
 
+CONTEXT_BUCKETS_PER_OCTAVE = 4  # AcceptanceByContext's buckets: contexts within 2^(1/4)
+
+
 @dataclass(frozen=True)
-class AcceptanceByBatch:
-    """Tokens a row emits per step, per plan key and running batch: what a workload accepts
-    where in a rollout. It is not one number per plan: rows decoded past their natural end (a
-    forced length) accept few drafts, and those rows are the tail's, so the small batches of a
-    rollout accept less than its full ones (`tlt bench rollout`'s traces: 7.0 tokens per row
-    step at 64 rows, 1.3-1.9 below 8). A batch a plan has no entry for takes the entry nearest
-    in log2(batch)."""
-    table: Mapping[str, Mapping[int, float]]  # plan key -> {running batch: tokens per row step}
+class AcceptanceByContext:
+    """Tokens a row emits per step, per plan key and the row's context (tokens in its cache),
+    pooled in buckets 2^(1/4) wide: what a workload accepts where in its responses. One number
+    per plan runs the rows too evenly: a response's opening takes whole drafts and a row decoded
+    past its natural end (a forced length) few, and where a row is in its text, not how many rows
+    run, says which (`tlt bench rollout`'s no_tail traces on the embedded model: 8.3, 7.2, 6.1
+    and 3.6 tokens per row step in the first four steps at 64 rows, then about 2; simulated with
+    one mean per running batch instead, those rollouts took 16 steps for the 10 measured). A
+    context a plan has no entry for takes the nearest bucket that has one."""
+    table: Mapping[str, Mapping[int, float]]  # plan key -> {context bucket: tokens per row step}
+
+    @staticmethod
+    def bucket(context: float) -> int:
+        return math.floor(CONTEXT_BUCKETS_PER_OCTAVE * math.log2(max(context, 1.0)))
 
     @classmethod
-    def constant(cls, means: Mapping[str, float]) -> AcceptanceByBatch:
-        """One mean per plan key, at every batch."""
-        return cls({key: {1: float(mean)} for key, mean in means.items()})
+    def constant(cls, means: Mapping[str, float]) -> AcceptanceByContext:
+        """One mean per plan key, at every context."""
+        return cls({key: {0: float(mean)} for key, mean in means.items()})
 
-    def at(self, key: str, batch: int) -> float | None:
-        """The key's tokens per row step at batch; None if the table has no entry for key."""
-        by_batch = self.table.get(key)
-        return by_batch[nearest_batch(by_batch, batch)] if by_batch else None
+    @classmethod
+    def measured(cls, steps: Iterable[tuple[str, float, int, int]]) -> AcceptanceByContext:
+        """From steps of (plan key, the rows' mean context, rows, tokens the step emitted): per
+        key and bucket, tokens over row steps."""
+        sums: dict[str, dict[int, list[int]]] = {}
+        for key, context, rows, emitted in steps:
+            total = sums.setdefault(key, {}).setdefault(cls.bucket(context), [0, 0])
+            total[0] += emitted
+            total[1] += rows
+        return cls({key: {bucket: emitted / rows for bucket, (emitted, rows) in buckets.items()}
+                    for key, buckets in sums.items()})
 
-
-def nearest_batch(batches: Iterable[int], batch: int) -> int:
-    """The batch among batches nearest to batch in log2 (the smaller one on a tie)."""
-    return min(batches, key=lambda b: (abs(math.log2(b) - math.log2(batch)), b))
+    def at(self, key: str, context: float) -> float | None:
+        """The key's tokens per row step at a row context; None if the table has no entry for
+        key."""
+        by_bucket = self.table.get(key)
+        if not by_bucket:
+            return None
+        bucket = self.bucket(context)
+        return by_bucket[min(by_bucket, key=lambda b: (abs(b - bucket), b))]
 
 
 def step_seconds(cost: CostModel, batch: int, plan, context: float | None = None) -> float:
@@ -85,11 +105,11 @@ def step_seconds(cost: CostModel, batch: int, plan, context: float | None = None
 
 def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_batch: int = 64,
              group_size: int = 8, plan: Callable[[int], DraftPlan | None] | None = None,
-             acceptance: Mapping[str, float] | AcceptanceByBatch | None = None,
+             acceptance: Mapping[str, float] | AcceptanceByContext | None = None,
              prompt_lengths: float | Sequence[float] = 8.0, seed: int = 0) -> Prediction:
     """plan: None, speculation off for the whole rollout; or plan(batch) -> the plan of a step
     at that running batch (None: a plain step of a loop that may speculate); acceptance: plan
-    key -> tokens a row emits per step on this workload, or those per running batch (default
+    key -> tokens a row emits per step on this workload, or those per row context (default
     and fallback: the calibration's). A step's duration comes from the calibration
     (step_seconds); its progress from the workload's acceptance; its context dependence (when
     calibrated) from the running rows' mean context, as the engine counts it: the tokens in a
@@ -102,21 +122,21 @@ def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_b
     if len(prompt_lengths) != len(lengths):
         raise ValueError(f"prompt_lengths: {len(prompt_lengths)} for {len(lengths)} requests; "
                          "give one number or one per request")
-    if not isinstance(acceptance, AcceptanceByBatch):
-        acceptance = AcceptanceByBatch.constant(acceptance or {})
-    fallback = AcceptanceByBatch.constant(cost.acceptance)
+    if not isinstance(acceptance, AcceptanceByContext):
+        acceptance = AcceptanceByContext.constant(acceptance or {})
+    fallback = AcceptanceByContext.constant(cost.acceptance)
 
     rng = random.Random(seed)
     alphas: dict[tuple[str, float], float] = {}
 
-    def progress(p, batch: int) -> float:
-        """Tokens one row emits in one step: 1 without a plan; with one, 1 + k accepted, k
-        drawn so that P(k >= i) = alpha^i for i <= depth (a chain accepts a prefix, each
-        draft token with about the same chance), alpha matched to the mean acceptance."""
+    def progress(p, context: float) -> float:
+        """Tokens a row at context emits in one step: 1 without a plan; with one, 1 + k
+        accepted, k drawn so that P(k >= i) = alpha^i for i <= depth (a chain accepts a prefix,
+        each draft token with about the same chance), alpha matched to the mean acceptance."""
         if p is None or p is SD_OFF:
             return 1.0
-        mean = acceptance.at(p.key, batch)
-        mean = fallback.at(p.key, batch) if mean is None else mean
+        mean = acceptance.at(p.key, context)
+        mean = fallback.at(p.key, context) if mean is None else mean
         mean = 1.0 if mean is None else mean
         if (p.key, mean) not in alphas:
             alphas[(p.key, mean)] = _solve_alpha(mean - 1.0, p.depth)
@@ -154,7 +174,7 @@ def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_b
             clock += step_seconds(cost, batch, chosen, context)
             stepped = []
             for left, c in running:
-                e = progress(chosen, batch)
+                e = progress(chosen, c)
                 if left - e > 1e-9:
                     stepped.append([left - e, c + e])
             running = stepped
