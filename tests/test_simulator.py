@@ -8,8 +8,8 @@ import pytest
 from tests.speculative_fixtures import PROMPTS, tiny_target
 from tlt_core.adaptive.cost_model import SD_OFF, CostModel
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS
-from tlt_core.bench.rollout_file import TRACE_COLUMNS, load_rollout, run_record
-from tlt_core.bench.simulate_rollout import arm_by_batch, validate_rollout
+from tlt_core.bench.rollout_file import TRACE_COLUMNS, TraceStep, load_rollout, run_record
+from tlt_core.bench.simulate_rollout import ReplayedArms, arm_by_batch, validate_rollout
 from tlt_core.cli import main
 from tlt_core.drafting.plan_keys import plan_from_key
 from tlt_core.drafting.suffix_match import SuffixMatch
@@ -228,6 +228,16 @@ def test_a_rollout_that_follows_the_cost_model_is_predicted_exactly(tmp_path):
     adaptive = load_rollout(tmp_path / "rollout.json")["trace"].runs["adaptive"][0]
     assert arm_by_batch(adaptive.steps) == {5: "plain", 4: "plain", 3: "plain",
                                            2: SYNTHETIC_PLAN.key, 1: SYNTHETIC_PLAN.key}
+
+
+def test_adaptive_plans_replay_the_runs_arms_per_batch_in_order():
+    steps = tuple(TraceStep(batch, 20.0, arm, batch, 0.01, 0.0) for batch, arm in (
+        (4, SYNTHETIC_PLAN.key), (4, "plain"), (4, "plain"), (2, SYNTHETIC_PLAN.key)))
+    plan = ReplayedArms(steps)
+    # at 4 rows: the run's arms there in order, then its last one; at 3 rows, where the run
+    # never stepped, the most frequent at the nearest batch it did (4, nearer than 2 in log2)
+    assert [plan(4) for _ in range(4)] == [SYNTHETIC_PLAN, None, None, None]
+    assert plan(3) is None and plan(2) == SYNTHETIC_PLAN and plan(1) == SYNTHETIC_PLAN
 
 
 def _edited(tmp_path, edit):

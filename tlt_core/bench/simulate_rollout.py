@@ -7,8 +7,9 @@ says the run was, never from its measured times:
 - the lengths: each sample's prompt and response length, max_batch the engine's;
 - the plans: off and off_reseeded, SD off with no drafter in the loop (the calibration's SD_OFF
   steps); always, the file's SD-always plan on every step; adaptive, at each running batch the
-  arm the run's own trace chose there most often (plain: a plain step of a loop that may
-  speculate), the nearest traced batch (in log2) for a batch the trace never ran;
+  arms the run's own trace chose there, in order (ReplayedArms; plain: a plain step of a loop
+  that may speculate), the most frequent at the nearest traced batch (in log2) for a batch the
+  trace never ran;
 - the acceptance: per arm and context, the tokens a row emitted per step in the run's trace
   (sim.simulator.AcceptanceByContext: where a row is in its text says what it accepts).
 The prediction is the mean of `simulations` simulations (the acceptance draws differ).
@@ -25,7 +26,8 @@ makespan, so a reader sees where it comes from:
 The noise floor: off and off_reseeded run the same kind of steps (on trace and no_tail the same
 lengths), so the ratio of their measured step seconds to the cost model's price, one against
 the other, is the machine's run-to-run noise in the same file. A prediction cannot be held to
-an error below it.
+an error below it. And where the step cost part comes from: per mode and cell (running batch x
+mean context), the runs' step seconds over the cost model's price of them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Callable, Iterable
 
+from tlt_core.adaptive.buckets import StepBuckets
 from tlt_core.adaptive.cost_model import SD_OFF
 from tlt_core.bench.rollout_file import PLAIN_ARM, MeasuredRun, TraceStep, WorkloadRuns
 from tlt_core.drafting.plan import DraftPlan
@@ -42,6 +45,7 @@ from tlt_core.drafting.plan_keys import plan_from_key
 from tlt_core.sim.simulator import AcceptanceByContext, simulate, step_seconds
 
 SD_OFF_MODES = ("off", "off_reseeded")
+DIAGNOSTIC_CONTEXT_EDGES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 TARGET_ERROR = 0.15  # the simulator's error bound on a measured rollout
 
 
@@ -68,24 +72,69 @@ def _plan_of(arm: str) -> DraftPlan | None:
     return None if arm == PLAIN_ARM else plan_from_key(arm)
 
 
+class ReplayedArms:
+    """An adaptive run's plans replayed by running batch: the k-th simulated step at batch b
+    runs the arm of the run's k-th step at b (its last there once those run out); a batch the
+    run never stepped at runs the arm most frequent at the nearest one it did. In order, not the
+    most frequent arm alone: at one batch the loop may speculate first and decode plainly later
+    (a no_tail rollout's 64 rows as their contexts grow). One per simulation: it counts."""
+
+    def __init__(self, steps: tuple[TraceStep, ...]):
+        self._sequences: dict[int, list[str]] = defaultdict(list)
+        for step in steps:
+            self._sequences[step.batch].append(step.arm)
+        self._most_frequent = arm_by_batch(steps)
+        self._asked: Counter = Counter()
+
+    def __call__(self, batch: int) -> DraftPlan | None:
+        arms = self._sequences.get(batch)
+        if not arms:
+            return _plan_of(self._most_frequent[nearest_batch(self._most_frequent, batch)])
+        arm = arms[min(self._asked[batch], len(arms) - 1)]
+        self._asked[batch] += 1
+        return _plan_of(arm)
+
+
 def mode_plan(run: MeasuredRun, always: str) -> Callable[[int], DraftPlan | None] | None:
-    """The simulator's plan for a run of its mode (module docstring); None: SD off."""
+    """A fresh simulator plan for a run of its mode (module docstring); None: SD off."""
     if run.mode in SD_OFF_MODES:
         return None
     if run.mode == "always":
         plan = plan_from_key(always)
         return lambda batch: plan
-    chosen = {batch: _plan_of(arm) for batch, arm in arm_by_batch(run.steps).items()}
-    if not chosen:
+    if not run.steps:
         return lambda batch: None
-    return lambda batch: chosen[nearest_batch(chosen, batch)]
+    return ReplayedArms(run.steps)
+
+
+def _priced(run: MeasuredRun, workload: WorkloadRuns) -> list[float]:
+    """The cost model's seconds for each of the run's own steps."""
+    return [step_seconds(workload.cost, s.batch, SD_OFF if run.mode in SD_OFF_MODES
+                         else _plan_of(s.arm), s.context) for s in run.steps]
 
 
 def priced_steps_s(run: MeasuredRun, workload: WorkloadRuns) -> float:
-    """The cost model's seconds for the run's own steps."""
-    cost = workload.cost
-    return sum(step_seconds(cost, s.batch, SD_OFF if run.mode in SD_OFF_MODES
-                            else _plan_of(s.arm), s.context) for s in run.steps)
+    return sum(_priced(run, workload))
+
+
+def step_cost_cells(workload: WorkloadRuns) -> dict[str, dict[str, dict]]:
+    """Where the step cost part comes from: per mode and cell (running batch x mean context,
+    DIAGNOSTIC_BUCKETS' edges), pooled over rounds, the steps, their measured seconds, the
+    cost model's price of them and the ratio measured / priced."""
+    buckets = StepBuckets.covering(workload.max_batch, context_edges=DIAGNOSTIC_CONTEXT_EDGES)
+    cells: dict[str, dict[int, list[float]]] = {}
+    for mode, runs in workload.runs.items():
+        for run in runs:
+            for step, priced in zip(run.steps, _priced(run, workload)):
+                total = cells.setdefault(mode, {}).setdefault(
+                    buckets.cell(step.batch, int(step.context)), [0, 0.0, 0.0])
+                total[0] += 1
+                total[1] += step.seconds
+                total[2] += priced
+    return {mode: {buckets.label(cell): {"steps": steps, "measured_s": measured,
+                                         "priced_s": priced, "ratio": measured / priced}
+                   for cell, (steps, measured, priced) in sorted(by_cell.items())}
+            for mode, by_cell in cells.items()}
 
 
 def predict_run(run: MeasuredRun, workload: WorkloadRuns, simulations: int = 8) -> dict:
@@ -128,6 +177,7 @@ def validate_rollout(workloads: dict[str, WorkloadRuns], simulations: int = 8) -
             for run in runs]
     return {"rows": rows, "simulations": simulations,
             "noise_floor": {name: noise_floor(w) for name, w in workloads.items()},
+            "step_cost_cells": {name: step_cost_cells(w) for name, w in workloads.items()},
             "max_abs_error": max(abs(r["error"]) for r in rows),
             "target_error": TARGET_ERROR}
 
@@ -149,4 +199,15 @@ def format_rollout_table(result: dict) -> str:
                  "schedule, each over the measured makespan")
     lines.append(f"noise floor (off_reseeded vs off, step seconds over the cost model's): "
                  f"{floors}")
+    lines.append("step cost, measured / cost model, per running batch (every mode and round):")
+    for name, by_mode in result["step_cost_cells"].items():
+        by_batch: dict[str, list[float]] = {}
+        for cells in by_mode.values():
+            for label, cell in cells.items():
+                total = by_batch.setdefault(label.split()[0], [0.0, 0.0])
+                total[0] += cell["measured_s"]
+                total[1] += cell["priced_s"]
+        lines.append(f"  {name}: " + ", ".join(
+            f"{label} {measured / priced:.2f}" for label, (measured, priced)
+            in sorted(by_batch.items(), key=lambda item: int(item[0][3:]))))
     return "\n".join(lines)

@@ -108,7 +108,8 @@ def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_b
              acceptance: Mapping[str, float] | AcceptanceByContext | None = None,
              prompt_lengths: float | Sequence[float] = 8.0, seed: int = 0) -> Prediction:
     """plan: None, speculation off for the whole rollout; or plan(batch) -> the plan of a step
-    at that running batch (None: a plain step of a loop that may speculate); acceptance: plan
+    at that running batch (None: a plain step of a loop that may speculate), asked once per
+    step in order, so a plan may replay a sequence; acceptance: plan
     key -> tokens a row emits per step on this workload, or those per row context (default
     and fallback: the calibration's). A step's duration comes from the calibration
     (step_seconds); its progress from the workload's acceptance; its context dependence (when
@@ -160,16 +161,17 @@ def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_b
                 length, prompt = waiting.pop(0)
                 running.append([length - 1.0, prompt])
                 admitted += 1
-            if admitted:  # prefill and scheduling, outside the decode steps
-                admit_s = cost.admission(admitted, SD_OFF if plan is None
-                                         else plan(len(running)))
+            running = [row for row in running if row[0] > 1e-9]
+            # plan is asked once per step, in order: the step's plan (a policy that may
+            # speculate with no step to come admits as its plain steps run)
+            chosen = SD_OFF if plan is None else plan(len(running)) if running else None
+            if admitted:  # prefill and scheduling, outside the decode steps, of that plan
+                admit_s = cost.admission(admitted, chosen)
                 clock += admit_s
                 admission_s += admit_s
-                running = [row for row in running if row[0] > 1e-9]
-                if not running:
-                    continue
+            if not running:
+                continue
             batch = len(running)
-            chosen = SD_OFF if plan is None else plan(batch)
             context = sum(c for _, c in running) / batch
             clock += step_seconds(cost, batch, chosen, context)
             stepped = []
