@@ -290,9 +290,9 @@ def test_bad_rollout_files_are_refused_naming_the_file_and_run(tmp_path):
         main(["bench", "simulate", "--rollout", str(tmp_path / "bad.json")])
 
 
-def test_a_real_engine_run_reads_back_and_its_drafts_overshoot_within_depth(tmp_path):
-    """The file's writer (run_record) and reader agree on a real engine's runs, whose
-    speculative steps commit whole drafts past a row's forced end."""
+def test_a_real_engine_run_reads_back(tmp_path):
+    """The file's writer (run_record) and reader agree on a real engine's runs, plain and
+    speculative (whose drafts may run past a row's forced end)."""
     engine = RolloutEngine(tiny_target(), EngineConfig(max_batch=8, max_len=48))
     requests = replay_requests([9, 3, 17, 5, 12, 1, 7, 20], PROMPTS[:4], group_size=2)
     plan = SuffixMatch(3)
@@ -308,4 +308,5 @@ def test_a_real_engine_run_reads_back_and_its_drafts_overshoot_within_depth(tmp_
         assert run.response_lengths == (9, 3, 17, 5, 12, 1, 7, 20)
         assert run.prompt_lengths == tuple(len(PROMPTS[i // 2]) for i in range(8))
         assert 0 < run.steps_s <= run.total_s
+        assert sum(s.emitted for s in run.steps) == sum(n - 1 for n in run.response_lengths)
     assert len(read.runs["off"][0].steps) == 19  # plain steps: the longest row's tokens but one

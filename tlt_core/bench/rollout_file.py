@@ -12,11 +12,11 @@ among them).
 
 What the checks hold a run to, since a simulator given lengths and a trace that disagree would
 report an error that is neither's: every sample has a prompt and a response of at least one
-token; `tokens` is their sum; no step runs more rows than `max_batch`; the steps commit every
-token after each sample's first (the prefill samples that one), and a step commits whole
-accepted drafts, so it may overshoot a row's last token by at most its plan's depth: plain steps
-commit exactly sum(length - 1), speculative ones at most `depth` more per sample; SD-always's
-runs run its plan only.
+token; `tokens` is their sum; no step runs more rows than `max_batch`; the steps emit every
+token after each sample's first (the prefill samples that one): sum(length - 1) exactly, as the
+engine counts a step's tokens now (those the samples kept), or, in a file whose engine counted
+whole accepted drafts, at most a plan's depth more per sample (a row's last step may overshoot
+its end); SD-always's runs run its plan only.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class TraceStep:
     batch: int  # running rows
     context: float  # the rows' mean tokens in the cache before the step
     arm: str  # "plain" or the plan's key
-    emitted: int  # tokens committed, summed over rows (whole drafts, past a row's end too)
+    emitted: int  # tokens the step added to the samples, summed over rows
     seconds: float  # the whole step
     catch_up_s: float  # of which the drafter's catch-up on pairs it had not run over
 
