@@ -27,6 +27,12 @@ loading: about 5-6 minutes in all.
 Projection: the simulator alone, for many workers and a long trace, with a cost model from a
 calibration file (the GPU script writes one) or the one measured here: a projection, not a
 measurement.
+
+`--rollout FILE` checks the simulator against every measured run of a `tlt bench rollout`
+file instead (tlt_core.bench.simulate_rollout: one rank, each run's own plans and acceptance,
+the error split into admission, step cost and schedule). The 2-rank validation stays the
+default: it checks what a one-rank file cannot, groups sharded over workers and the idle time
+between them, on which the projection rests.
 """
 
 from __future__ import annotations
