@@ -58,7 +58,7 @@ def arm_by_batch(steps: tuple[TraceStep, ...]) -> dict[int, str]:
 
 
 def acceptance_by_context(steps: tuple[TraceStep, ...]) -> AcceptanceByContext:
-    """Per speculative arm and context bucket: tokens committed per row step."""
+    """Per speculative arm and context bucket: tokens emitted per row step."""
     return AcceptanceByContext.measured((s.arm, s.context, s.batch, s.emitted) for s in steps
                                         if s.arm != PLAIN_ARM)
 
@@ -119,8 +119,8 @@ def priced_steps_s(run: MeasuredRun, workload: WorkloadRuns) -> float:
 
 def step_cost_cells(workload: WorkloadRuns) -> dict[str, dict[str, dict]]:
     """Where the step cost part comes from: per mode and cell (running batch x mean context,
-    DIAGNOSTIC_BUCKETS' edges), pooled over rounds, the steps, their measured seconds, the
-    cost model's price of them and the ratio measured / priced."""
+    DIAGNOSTIC_CONTEXT_EDGES), pooled over rounds, the cell's largest batch, the steps, their
+    measured seconds, the cost model's price of them and the ratio measured / priced."""
     buckets = StepBuckets.covering(workload.max_batch, context_edges=DIAGNOSTIC_CONTEXT_EDGES)
     cells: dict[str, dict[int, list[float]]] = {}
     for mode, runs in workload.runs.items():
@@ -131,7 +131,9 @@ def step_cost_cells(workload: WorkloadRuns) -> dict[str, dict[str, dict]]:
                 total[0] += 1
                 total[1] += step.seconds
                 total[2] += priced
-    return {mode: {buckets.label(cell): {"steps": steps, "measured_s": measured,
+    columns = len(buckets.context_edges) + 1
+    return {mode: {buckets.label(cell): {"batch_max": buckets.batch_edges[cell // columns],
+                                         "steps": steps, "measured_s": measured,
                                          "priced_s": priced, "ratio": measured / priced}
                    for cell, (steps, measured, priced) in sorted(by_cell.items())}
             for mode, by_cell in cells.items()}
@@ -165,7 +167,9 @@ def predict_run(run: MeasuredRun, workload: WorkloadRuns, simulations: int = 8) 
 def noise_floor(workload: WorkloadRuns) -> float | None:
     """The largest |r(off_reseeded) / r(off) - 1| over rounds, r a run's measured step seconds
     over the cost model's price of them; None without both SD-off modes."""
-    pairs = zip(workload.runs.get("off", ()), workload.runs.get("off_reseeded", ()))
+    pairs = [(first, again) for first, again in zip(workload.runs.get("off", ()),
+                                                    workload.runs.get("off_reseeded", ()))
+             if first.steps_s > 0 and again.steps_s > 0]
     ratios = [(again.steps_s / priced_steps_s(again, workload))
               / (first.steps_s / priced_steps_s(first, workload)) - 1 for first, again in pairs]
     return max(map(abs, ratios)) if ratios else None
@@ -201,13 +205,13 @@ def format_rollout_table(result: dict) -> str:
                  f"{floors}")
     lines.append("step cost, measured / cost model, per running batch (every mode and round):")
     for name, by_mode in result["step_cost_cells"].items():
-        by_batch: dict[str, list[float]] = {}
+        by_batch: dict[int, list[float]] = {}
         for cells in by_mode.values():
-            for label, cell in cells.items():
-                total = by_batch.setdefault(label.split()[0], [0.0, 0.0])
+            for cell in cells.values():
+                total = by_batch.setdefault(cell["batch_max"], [0.0, 0.0])
                 total[0] += cell["measured_s"]
                 total[1] += cell["priced_s"]
         lines.append(f"  {name}: " + ", ".join(
-            f"{label} {measured / priced:.2f}" for label, (measured, priced)
-            in sorted(by_batch.items(), key=lambda item: int(item[0][3:]))))
+            f"b<={batch} {measured / priced:.2f}"
+            for batch, (measured, priced) in sorted(by_batch.items())))
     return "\n".join(lines)

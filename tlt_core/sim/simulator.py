@@ -109,9 +109,9 @@ def simulate(lengths: Sequence[int], cost: CostModel, *, workers: int = 1, max_b
              prompt_lengths: float | Sequence[float] = 8.0, seed: int = 0) -> Prediction:
     """plan: None, speculation off for the whole rollout; or plan(batch) -> the plan of a step
     at that running batch (None: a plain step of a loop that may speculate), asked once per
-    step in order, so a plan may replay a sequence; acceptance: plan
-    key -> tokens a row emits per step on this workload, or those per row context (default
-    and fallback: the calibration's). A step's duration comes from the calibration
+    step in order, so a plan may replay a sequence; acceptance: plan key -> tokens a row emits
+    per step on this workload, or those per row context (default and fallback: the
+    calibration's). A step's duration comes from the calibration
     (step_seconds); its progress from the workload's acceptance; its context dependence (when
     calibrated) from the running rows' mean context, as the engine counts it: the tokens in a
     row's cache before the step, its prompt (prompt_lengths: one for every request, or one
