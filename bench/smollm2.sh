@@ -10,6 +10,7 @@
 #   batches      batches 4 / 16 / 64 at T = 0 and T = 1, plus the float32 exactness check
 #   rollout      natural, trace (forced long-tailed lengths) and no-tail rollouts: SD off /
 #                always / adaptive / off reseeded, and the hindsight oracle
+#   simulate_rollout  the simulator against every run of the rollout stage's JSON (no model run)
 #   train        GRPO end to end, TLT vs SD off vs SD off reseeded, per token, on forced
 #                long-tailed lengths (the trace workload), 16 prompts x 8 samples, 4 steps
 #   drafter_bench, simulate   spot-trained vs frozen drafter; the simulator's validation
@@ -22,7 +23,8 @@ MODEL="$(tlt convert smollm2)"
 DRAFTER="${DRAFTER:-runs/smollm2-drafter}"
 RESULTS=bench/results
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(drafter speculative batches rollout train drafter_bench simulate)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(drafter speculative batches rollout simulate_rollout train \
+                                   drafter_bench simulate)
 COMMON=(--model "$MODEL" --drafter "$DRAFTER" --dtype bfloat16 --device cpu)
 
 for stage in "${STAGES[@]}"; do
@@ -63,6 +65,9 @@ for stage in "${STAGES[@]}"; do
       tlt bench rollout "${COMMON[@]}" --rounds 1 --sampled-drafts \
         --json "$RESULTS/rollout_smollm2_bf16_cpu.json" \
         --plot "$RESULTS/rollout_smollm2_bf16_cpu.png" ;;
+    simulate_rollout)
+      tlt bench simulate --rollout "$RESULTS/rollout_smollm2_bf16_cpu.json" \
+        --json "$RESULTS/simulate_rollout_smollm2_bf16_cpu.json" ;;
     train)
       tlt bench train "${COMMON[@]}" --workload trace --steps 4 --prompts-per-step 16 \
         --samples-per-prompt 8 --max-new-tokens 1024 --sampled-drafts \

@@ -91,9 +91,10 @@ def test_the_rollout_json_round_trips_through_json(tmp_path):
     runs = {mode: [_result([StepOutcome(0, 1, 3, None if mode.startswith("off") else PLAN,
                                         2, 0.5, 0.1)], 1.0, 3)]
             for mode in ("off", "always", "adaptive", "off_reseeded")}
-    from tlt_core.bench.rollout import _rows, _run_record
+    from tlt_core.bench.rollout import _rows
+    from tlt_core.bench.rollout_file import run_record
 
-    record = _run_record(runs["always"][0])
+    record = run_record(runs["always"][0])
     assert record["step_trace"]["rows"] == [[0, 1, 3, PLAN.key, 2, 0.5, 0.1]]
     rows = _rows("m", "trace", runs, hindsight_oracle(runs, StepBuckets((1,), ())), PLAN)
     assert json.loads(json.dumps(rows)) == rows

@@ -47,17 +47,16 @@ from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolic
 from tlt_core.bench.length_trace import (DEFAULT_MEDIAN, DEFAULT_SIGMA, lognormal_lengths,
                                          load_lengths, tail_shape)
 from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions, ModelWorkload
+from tlt_core.bench.rollout_file import RUN_MODES, TRACE_COLUMNS, run_record
 from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.engine.records import Request, RolloutResult, SamplingParams, step_trace_rows
+from tlt_core.engine.records import Request, RolloutResult, SamplingParams
 from tlt_core.sim.simulator import calibration_dict
 
 WORKLOADS = ("natural", "trace", "no_tail")
-RUN_MODES = ("off", "always", "adaptive", "off_reseeded")
 MODES = RUN_MODES + ("oracle",)
-TRACE_COLUMNS = ("step", "batch", "context", "arm", "emitted", "seconds", "catch_up_s")
 MIN_ORACLE_STEPS = 3  # an arm's steps in a cell before the oracle trusts its ratio there
 
 
@@ -205,7 +204,7 @@ def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: in
             "calibration_s": cost.calibration_s,
             "trace_shape": workloads.trace_shape if workload == "trace" else None,
             "oracle": {"cells": oracle["cells"]},
-            "runs": {mode: [_run_record(result) for result in results]
+            "runs": {mode: [run_record(result) for result in results]
                      for mode, results in runs.items()}}
         gc.collect()  # a workload's engines hold four KV caches: free them before the next
     return {"model": label, "rows": rows, "workloads": details}
@@ -310,15 +309,6 @@ def _rows(label: str, workload: str, runs: dict[str, list[RolloutResult]], oracl
 def _sd_share(result: RolloutResult) -> float:
     steps = result.step_trace
     return sum(o.plan is not None for o in steps) / len(steps) if steps else 0.0
-
-
-def _run_record(result: RolloutResult) -> dict:
-    return {"total_s": result.total_s, "tokens": _tokens(result),
-            "prompt_lengths": [len(r.prompt_ids) for r in result.rollouts],
-            "response_lengths": [len(r.tokens) for r in result.rollouts],
-            "step_trace": {"columns": list(TRACE_COLUMNS),
-                           "rows": [[row[c] for c in TRACE_COLUMNS]
-                                    for row in step_trace_rows(result.step_trace)]}}
 
 
 def plot(result: dict, path) -> None:

@@ -27,6 +27,12 @@ loading: about 5-6 minutes in all.
 Projection: the simulator alone, for many workers and a long trace, with a cost model from a
 calibration file (the GPU script writes one) or the one measured here: a projection, not a
 measurement.
+
+`--rollout FILE` checks the simulator against every measured run of a `tlt bench rollout`
+file instead (tlt_core.bench.simulate_rollout: one rank, each run's own plans and acceptance,
+the error split into admission, step cost and schedule). The 2-rank validation stays the
+default: it checks what a one-rank file cannot, groups sharded over workers and the idle time
+between them, on which the projection rests.
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +53,7 @@ from tlt_core.bench.model_workload import (EMBEDDED_LABEL, ModelOptions, ModelWo
                                            PerWorkload)
 from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.export import load_drafter
+from tlt_core.drafting.plan_keys import plan_from_key
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.embedded.workload import EmbeddedWorkload
@@ -105,6 +111,11 @@ class SimulateOptions:
     """`tlt bench simulate`: the traces (None: the workload's TraceSizes), the measurement and
     the projection."""
     json: Path | None = option("write rows + projection", None, metavar="FILE")
+    rollout: Path | None = option("validate on every measured run of this `tlt bench rollout "
+                                  "--json` file instead (its calibration, lengths, plans and "
+                                  "acceptance; no model runs, no projection)", None,
+                                  metavar="FILE")
+    simulations: int = option("simulations averaged per measured run, with --rollout", 8)
     reps: int = option("calibration sweeps and measured rollouts per row (medians)", 3)
     requests: int | None = option(DEFAULTS.help("requests per trace, both ranks together",
                                                 "requests"), None, metavar="N")
@@ -147,7 +158,6 @@ class Replay:
     label: str  # the model, for the rows
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
-    prompt_length: float = 8.0  # the simulator's mean prompt tokens (its default: embedded)
 
 
 def embedded_replay(workload: EmbeddedWorkload, sizes: TraceSizes = TraceSizes()) -> Replay:
@@ -175,8 +185,7 @@ def model_replay(model: ModelWorkload, sizes: TraceSizes = MODEL_SIZES) -> Repla
     longest = max(sizes.max_length, sizes.calibration_tokens)
     return Replay(model.folder, model.drafter_folder, chosen[:groups], chosen[groups:], sizes,
                   max_len=max(map(len, chosen)) + longest + 16, label=model.label,
-                  dtype=model.placement.dtype, device=model.placement.device,
-                  prompt_length=statistics.mean(map(len, chosen[:groups])))
+                  dtype=model.placement.dtype, device=model.placement.device)
 
 
 def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
@@ -235,6 +244,9 @@ def validate(replay: Replay, reps: int = 3) -> dict:
         calibration = json.loads((folder / "cost.json").read_text())
         cost = load_calibration(folder / "cost.json")
     rows = [{"model": replay.label, **row} for row in rows]
+    # request i's prompt, as replay_requests gives it
+    prompt_lengths = [len(replay.prompts[(i // sizes.group_size) % len(replay.prompts)])
+                      for i in range(sizes.requests)]
     for row in rows:
         plan = None if row["mode"] == "off" else PLAN
         # the workload's acceptance is an input: forced lengths run past the natural end of a
@@ -243,7 +255,7 @@ def validate(replay: Replay, reps: int = 3) -> dict:
         predicted = simulate(row["lengths"], cost, workers=WORLD,
                              max_batch=sizes.requests // WORLD, group_size=sizes.group_size,
                              plan=None if plan is None else lambda batch: PLAN,
-                             acceptance=measured, prompt_length=replay.prompt_length)
+                             acceptance=measured, prompt_lengths=prompt_lengths)
         row["predicted_s"] = predicted.makespan_s
         row["idle_worker_s"] = predicted.idle_worker_s
         row["predicted_steps"] = predicted.steps
@@ -264,8 +276,7 @@ def project(cost, *, workers: int = 64, prompts: int = 256, group_size: int = 8,
     p99 / median = exp(2.326 x 0.8) = 6.4, capped at 8192), not a published one."""
     lengths = sample_lengths("lognormal", prompts * group_size, seed=1, group_size=group_size,
                              median=median, sigma=sigma, max_length=max_length)
-    plans = [Strategy(*map(int, key.strip("()").split(","))) for key in cost.acceptance
-             if key.startswith("(")]
+    plans = [plan_from_key(key) for key in cost.acceptance]
     threshold = cost.threshold(plans) if plans else 0
     off = simulate(lengths, cost, workers=workers, max_batch=max_batch, group_size=group_size)
     tlt = simulate(lengths, cost, workers=workers, max_batch=max_batch, group_size=group_size,

@@ -25,11 +25,13 @@ from tlt_core.bench import peers as bench_peers
 from tlt_core.bench import prefill as bench_prefill
 from tlt_core.bench import rollout as bench_rollout
 from tlt_core.bench import simulate as bench_simulate
+from tlt_core.bench import simulate_rollout as bench_simulate_rollout
 from tlt_core.bench import speculative as bench_speculative
 from tlt_core.bench import train as bench_train
 from tlt_core.bench.model_workload import (DEFAULT_PROBLEMS_SEED, EMBEDDED_LABEL,
                                             ModelWorkload, PerWorkload, load_model_workload,
                                             model_label)
+from tlt_core.bench.rollout_file import load_rollout
 from tlt_core.cli.model_options import placement_from_args
 from tlt_core.config_flags import dataclass_from_args
 from tlt_core.embedded.task import length_stats
@@ -256,6 +258,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_simulate(args: argparse.Namespace) -> int:
     command = "tlt bench simulate"
+    if args.rollout is not None:
+        return _simulate_rollout(args, command)
     sizes = _workload_config(bench_simulate.DEFAULTS, args, command)
     if args.model is None:
         replay = bench_simulate.embedded_replay(load_embedded(), sizes)
@@ -278,6 +282,21 @@ def run_simulate(args: argparse.Namespace) -> int:
           + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in projection.items() if k != "cost_model"))
     _write_json(args.json, result)
+    return 0
+
+
+def _simulate_rollout(args: argparse.Namespace, command: str) -> int:
+    """`tlt bench simulate --rollout FILE`: the simulator against a rollout file's runs."""
+    if args.model is not None:
+        raise SystemExit(f"{command}: --rollout reads the runs, calibration and model from its "
+                         "file; drop --model")
+    try:
+        result = bench_simulate_rollout.validate_rollout(load_rollout(args.rollout),
+                                                         args.simulations)
+    except ValueError as error:
+        raise SystemExit(f"{command}: {error}") from None
+    print(bench_simulate_rollout.format_rollout_table(result))
+    _write_json(args.json, {"rollout": str(args.rollout), **result})
     return 0
 
 
@@ -380,11 +399,15 @@ BENCHMARKS = (
          "the reward gap and the reward noise. The JSON keeps each step's response lengths and "
          "step trace.", run_train),
     Leaf("simulate", bench_simulate.add_cli_args,
-         "the scale simulator: validated on 2-rank runs here, then a projection",
+         "the scale simulator: validated on 2-rank runs here or on a rollout file's runs",
          "Validates the rollout simulator (cost model + response lengths -> makespan) against "
          "measured 2-rank rollouts of forced-length traces of several tail shapes, SD off and "
          "on, on the embedded model or with --model a checkpoint, then projects a many-worker "
-         "run. The projection is a model's prediction, not a measurement.", run_simulate),
+         "run. The projection is a model's prediction, not a measurement. With --rollout FILE "
+         "(a `tlt bench rollout --json` file) it instead predicts every measured run in it "
+         "(SD off, always, adaptive, reseeded) from the file's calibration, each run's lengths, "
+         "plans and acceptance, and splits each error into admission, step cost and schedule.",
+         run_simulate),
     Leaf("peers", bench_peers.add_cli_args,
          "our SD vs HF assisted decoding, our GRPO vs TRL GRPO, on the same work",
          "Our batch-1 speculative decoding against transformers' assisted decoding (a 2-layer "

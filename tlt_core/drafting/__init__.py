@@ -3,7 +3,7 @@
 `drafter.py` is the one-layer EAGLE-style drafter that shares the target's embedding, final norm
 and LM head; `learned.py` the `LearnedDrafter` protocol (what the engine needs of a drafter)
 that it and `eagle3.py`'s drafter follow; `plan.py` the `DraftPlan` protocol every draft plan
-follows; `tree.py` the learned drafter's plan (`Strategy`: depth, top-k, tokens verified) and
+follows, and `plan_keys.py` a shipped plan back from its key; `tree.py` the learned drafter's plan (`Strategy`: depth, top-k, tokens verified) and
 how its EAGLE-2 tree is grown; `suffix_index.py` and `suffix_match.py` drafts copied from
 sibling and earlier responses, with no model pass; `training.py` the EAGLE loss on records of
 what the target computed; `export.py` the drafter in SGLang's EAGLE and vLLM's speculators
