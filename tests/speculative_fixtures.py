@@ -42,15 +42,23 @@ def train_drafter(target: Transformer, steps: int = 150, draft_to_target=None,
     return drafter.eval()
 
 
-def switching_policy(plans):
-    """An AdaptivePolicy over plans whose prediction favours a different arm (plain decoding
-    among them) at each mean context, with no hysteresis: it changes arm, and mode, from step
-    to step, as the losslessness tests need."""
-    from tlt_core.adaptive.policy import AdaptivePolicy
+class SwitchingPolicy:
+    """A PlanPolicy that cycles through plain decoding and every plan, one step each, whatever
+    the batch or the measured seconds: it changes arm, and mode, at every step, as the
+    losslessness tests need, and does so deterministically (the adaptive policy's choices
+    depend on the machine's timing)."""
 
-    arms = (None,) + tuple(plans)
+    def __init__(self, plans):
+        self.arms = (None,) + tuple(plans)
+        self.steps = 0
 
-    def predict(batch, context, plan):
-        return 2.0 if arms[context % len(arms)] is plan else 1.0
+    def start_call(self) -> None:
+        self.steps = 0
 
-    return AdaptivePolicy(plans, predict=predict, hysteresis=1)
+    def choose(self, batch: int, context: int):
+        arm = self.arms[self.steps % len(self.arms)]
+        self.steps += 1
+        return arm
+
+    def observe(self, outcome) -> None:
+        pass
