@@ -58,9 +58,14 @@ def test_an_adaptive_switch_between_plain_and_speculative_steps_matches(target, 
 
 
 def test_capture_runs_every_pass_on_scratch_state(target, drafter):
+    """At every batch and context edge, up to the cache's last slot: with more samples than
+    cache rows (they queue), and a tree that feeds more nodes than it verifies."""
     engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=300, graphs=True), drafter)
-    plans = [Strategy(3, 1, 4), Strategy(2, 2, 4), SampledChain(2), SuffixMatch(3)]
-    engine.graphs.capture(plans, drafter.config.feature_layers, 4, 300)
+    plans = [Strategy(3, 1, 4), Strategy(2, 2, 4), Strategy(3, 4, 6), SampledChain(2),
+             SuffixMatch(3)]
+    assert plans[2].fed_nodes > plans[2].num_verify_tokens
+    slots = engine.cache.shape.max_len
+    engine.graphs.capture(plans, drafter.config.feature_layers, 9, slots)
     # the engine is left empty, and a call afterwards is unchanged
     assert not engine.cache.host_lengths.any() and not engine.cache.lengths.any()
     _, reference = _generate(target, drafter, False, Strategy(3, 1, 4), 0.0)

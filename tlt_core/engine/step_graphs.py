@@ -220,11 +220,16 @@ class StepGraphs:
         """Captures every pass a call may run, for batches up to max_batch and contexts up to
         max_context, on an engine with no running rows (scratch state: every row free). On
         the CPU it runs each pass once, eagerly (what tests exercise)."""
-        batches = [b for b in self.batch_edges if b <= self.batch_edge(max_batch)]
+        top = self.batch_edge(min(max_batch, self.batch_edges[-1]))  # more samples queue
+        batches = [b for b in self.batch_edges if b <= top]
+        # The scratch rows' length at each context edge leaves room for every pass a plan
+        # runs there: its verified nodes, and the nodes its draft feeds (a tree may feed more
+        # than it verifies) plus the root.
+        room = max((max(p.num_verify_tokens, p.fed_nodes + 1) for p in plans), default=1)
         suffix_index = SuffixIndex()
         for b in batches:
             for c in self.context_edges:
-                length = max(0, c - 1 - max((p.num_verify_tokens for p in plans), default=1))
+                length = max(0, c - 1 - room)
                 if c > self.context_edge(max_context):
                     break
                 self.cache.set_lengths(length if c > FIRST_CONTEXT_EDGE else 0, slice(0, b))
