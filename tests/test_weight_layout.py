@@ -127,6 +127,15 @@ def test_onednn_pack_follows_weight_updates():
     assert (after - expected).abs().max() <= TOLERANCE[torch.bfloat16] * expected.abs().max()
 
 
+def test_a_model_packed_in_bf16_decodes_after_turning_float32():
+    """.to(float32) after a bf16 pass: the oneDNN packs (no storage) give way to float32 ones."""
+    model = model_of("llama", torch.bfloat16)
+    step_and_forward(model, torch.bfloat16)
+    model.to(torch.float32)
+    got, expected = step_and_forward(model, torch.float32)
+    assert (got - expected).abs().max() <= TOLERANCE[torch.float32] * expected.abs().max()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_deep_copy_decodes_with_its_own_weights(dtype):
     """copy.deepcopy of a model (a reference policy, a trainer's own copy) packs the copy's

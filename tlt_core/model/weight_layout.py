@@ -134,9 +134,10 @@ class PackedMatrix:
         if self._source is None or key != self._key:
             if layout is None:
                 layout = choose_layout("auto", weight.dtype, weight.device, weight.nbytes)
-            self.layout = "onednn" if layout == "onednn" else "views"
+            # the old pack's address, where it has one (a oneDNN tensor has no storage)
             before = None if self._packed is None else (self._packed.data_ptr()
                                                         if self.layout == "views" else -1)
+            self.layout = "onednn" if layout == "onednn" else "views"
             self._packed = None  # the old pack is freed before the new one is built
             with torch.no_grad():
                 self._packed = pack_matrix(weight.detach(), self.layout)
