@@ -15,6 +15,7 @@
 #include "tlt/idle.h"
 #include "tlt/kv_cache.h"
 #include "tlt/random.h"
+#include "tlt/rope.h"
 #include "tlt/tree.h"
 #include "tlt/verify.h"
 
@@ -195,6 +196,21 @@ void philox_uniforms(uintptr_t seeds, uintptr_t offsets, int64_t batch, int64_t 
                                          ptr<void>(target.stream)));
 }
 
+// CPU only: on a GPU the decode passes replay as CUDA graphs, which already remove the per-op
+// cost this fusion exists for.
+void rope_kv_write(uintptr_t qkv, int32_t model_type, int64_t batch, int64_t tokens,
+                   int64_t q_heads, int64_t kv_heads, int64_t head_dim, uintptr_t cos,
+                   uintptr_t sin_signed, int64_t table_len, uintptr_t positions, uintptr_t slots,
+                   uintptr_t cache_k, uintptr_t cache_v, int32_t cache_type, int64_t row_stride,
+                   int64_t head_stride, int64_t max_len, uintptr_t q_out) {
+  tlt::rope_kv_write_cpu(ptr<const void>(qkv), static_cast<tlt::FloatType>(model_type), batch,
+                         tokens, q_heads, kv_heads, head_dim, ptr<const void>(cos),
+                         ptr<const void>(sin_signed), table_len, ptr<const int64_t>(positions),
+                         ptr<const int64_t>(slots), ptr<void>(cache_k), ptr<void>(cache_v),
+                         static_cast<tlt::FloatType>(cache_type), row_stride, head_stride,
+                         max_len, ptr<void>(q_out));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -207,6 +223,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("verify_tree_sampling_workspace_bytes", &tlt::verify_tree_sampling_workspace_bytes);
   m.def("compact_kv", &compact_kv, nogil);
   m.def("philox_uniforms", &philox_uniforms, nogil);
+  m.def("rope_kv_write", &rope_kv_write, nogil);
   // Idle detection (tlt/idle.h); std::invalid_argument surfaces as ValueError.
   py::class_<tlt::IdleStateMachine>(m, "IdleStateMachine")
       .def(py::init([](double utilization_threshold, double idle_after_s) {

@@ -42,7 +42,7 @@ import tlt_core.ops as ops
 from tlt_core.ops import reference
 
 ROOT = Path(__file__).resolve().parents[1]
-BUDGET_S = 5.0  # per op; 7 ops plus a ~3 s interpreter start each fit in about a minute
+BUDGET_S = 5.0  # per op; 8 ops plus a ~3 s interpreter start each fit in about a minute
 SANITIZED_MODULE_DIR = os.environ.get("TLT_FUZZ_SANITIZED_MODULE_DIR")
 CHUNK_EXAMPLES = 50
 
@@ -61,7 +61,7 @@ SPECIAL_FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, 2.0, 1 - 2**-24, 1e-6, 1e-7, 1e-42,
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["select_tree", "tree_metadata", "unpack_tree_mask",
                                 "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
-                                "philox_uniforms"])
+                                "philox_uniforms", "rope_kv_write"])
 def test_fuzzed_calls_return_the_reference_or_name_an_argument(op, tmp_path):
     # Run from the repository root, like pytest: `tests` and `tlt_core` import from there.
     script = f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"
@@ -529,7 +529,43 @@ def fuzz_philox_uniforms(data) -> bool:
     return returned
 
 
+def fuzz_rope_kv_write(data) -> bool:
+    batch, tokens = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 3))
+    q_heads, kv_heads = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))
+    d, slots_len, table_len = (data.draw(st.sampled_from([2, 4, 8])),
+                               data.draw(st.integers(0, 6)), data.draw(st.integers(0, 6)))
+    model_dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    cache_dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    shape = (batch, tokens, q_heads + 2 * kv_heads, d)
+    qkv = draw_array(data, objects(torch.randn(shape, generator=g).tolist()).reshape(shape),
+                     model_dtype, SPECIAL_FLOATS, dtypes=FLOAT_DTYPES * 3 + ALL_DTYPES)
+    tables = [draw_array(data, objects(torch.randn(table_len, d, generator=g).tolist())
+                         .reshape(table_len, d), model_dtype, SPECIAL_FLOATS,
+                         dtypes=FLOAT_DTYPES * 3 + ALL_DTYPES) for _ in range(2)]
+    indices = []
+    for bound in (table_len, slots_len):
+        values = torch.randint(0, max(bound, 1), (batch, tokens), generator=g)
+        indices.append(draw_array(data, objects(values.tolist()).reshape(batch, tokens),
+                                  torch.int64, SPECIAL_INTS + [bound]))
+    cache = torch.randn(2, batch + 1, kv_heads, slots_len, d, generator=g).to(cache_dtype)
+    cache = cache[:, :batch]
+    q_out = torch.empty(batch, q_heads, tokens, d, dtype=data.draw(st.sampled_from(
+        [cache_dtype] * 5 + [torch.float16, torch.int32])))
+    before = cache.clone()
+    returned, _ = call(ops.rope_kv_write, qkv, *tables, *indices, cache, q_out)
+    if not returned:
+        assert torch.equal(cache.view(torch.uint8), before.view(torch.uint8)), \
+            "cache written before an error"
+        return False
+    want_q = torch.empty_like(q_out)
+    oracle(True, lambda: reference.rope_kv_write(qkv, *tables, *indices, before, want_q))
+    torch.testing.assert_close(q_out, want_q, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(cache, before, rtol=0, atol=0, equal_nan=True)
+    return True
+
+
 CASES = {"select_tree": fuzz_select_tree, "tree_metadata": fuzz_tree_metadata,
          "unpack_tree_mask": fuzz_unpack_tree_mask, "verify_tree_greedy": fuzz_verify_tree_greedy,
          "verify_tree_sampling": fuzz_verify_tree_sampling, "compact_kv_": fuzz_compact_kv_,
-         "philox_uniforms": fuzz_philox_uniforms}
+         "philox_uniforms": fuzz_philox_uniforms, "rope_kv_write": fuzz_rope_kv_write}

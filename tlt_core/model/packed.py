@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import tlt_core.ops as ops
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
 from tlt_core.model.weight_layout import PackedMatrix, choose_layout, matmul, pack_matrix
 
@@ -265,6 +266,11 @@ def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None,
                          read_len)
 
 
+# False: the tensor-op path on the CPU too (what tests and bench/profile_speculative.py compare
+# the kernel with; both compute the same bits).
+ROPE_KV_KERNEL = True
+
+
 def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, rotary: nn.Module,
                cache_layers: Sequence[torch.Tensor], plan: AttentionPlan,
                hidden_layers: Sequence[int] = ()) -> tuple[torch.Tensor, dict]:
@@ -273,33 +279,50 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     config = layers.config
     (B, T), d = positions.shape, config.head_dim
     H_q, H_kv, half = config.num_heads, config.num_kv_heads, config.head_dim // 2
-    cos, sin_signed = layers.rope(rotary, positions, plan.read_len, h.dtype)  # (B, T, 1, d)
-    rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
     cache_dtype = cache_layers[0].dtype
     same_dtype = cache_dtype == h.dtype  # skip .to() calls: each costs a dispatch
+    # On the CPU one kernel call per layer does RoPE, the K/V write and q's layout for
+    # attention (tlt_core.ops.rope), set up once for the pass; elsewhere the same math in
+    # tensor ops (a GPU replays the pass as a CUDA graph, where ops cost nothing extra).
+    fused = (ROPE_KV_KERNEL and h.device.type == "cpu"
+             and h.dtype in (torch.float32, torch.bfloat16))
+    if fused:
+        layers.reserve_rope(rotary, plan.read_len, h.dtype, h.device)
+        cos_table, sin_table = (table[:, 0] for table in layers.rope_tables)  # (P, d) each
+        q = torch.empty(B, H_q, T, d, dtype=cache_dtype, device=h.device)
+        write_rope_kv = ops.RopeKVWriter(cos_table, sin_table, positions.contiguous(),
+                                         plan.write_slots.contiguous(), q, H_kv)
+    else:
+        cos, sin_signed = layers.rope(rotary, positions, plan.read_len, h.dtype)  # (B, T, 1, d)
+        rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
     saved = {}
     for index, packed in enumerate(layers.get()):
         layout = packed.layout
         x = _norm(h, packed.input_norm, layers.eps)  # (B T, H)
         qkv = _joined_matmul(x, packed.qkv, layout, packed.qkv_bias)  # (B T, (H_q + 2 H_kv) d)
         qkv = qkv.view(B, T, H_q + 2 * H_kv, d)
-        qk = qkv[:, :, :H_q + H_kv]  # (B, T, H_q + H_kv, d)
         if packed.qk_norm is not None:
-            qk = F.rms_norm(qk, (d,), eps=config.rms_norm_eps) * packed.qk_norm
-        # RoPE in transformers' half-split layout: rotate_half(x) * sin = roll(x) * sin_signed
-        qkv[:, :, :H_q + H_kv] = torch.addcmul(qk * cos, qk.roll(half, -1), sin_signed)
+            qkv[:, :, :H_q + H_kv] = F.rms_norm(qkv[:, :, :H_q + H_kv], (d,),
+                                                eps=config.rms_norm_eps) * packed.qk_norm
         layer_kv = cache_layers[index]  # (2, B, H_kv, T_max, d)
-        # Advanced indices split by a slice put the index dims first: the target is
-        # (B, T, 2, H_kv, d), exactly the k|v part of qkv.
-        new_kv = qkv[:, :, H_q:].view(B, T, 2, H_kv, d)
-        layer_kv[:, rows, :, plan.write_slots] = new_kv if same_dtype else new_kv.to(cache_dtype)
+        if fused:
+            write_rope_kv(qkv, layer_kv)  # q: (B, H_q, T, d), cache dtype
+        else:
+            qk = qkv[:, :, :H_q + H_kv]  # (B, T, H_q + H_kv, d)
+            # RoPE in transformers' half-split layout: rotate_half(x) * sin = roll(x) * sin_signed
+            qkv[:, :, :H_q + H_kv] = torch.addcmul(qk * cos, qk.roll(half, -1), sin_signed)
+            # Advanced indices split by a slice put the index dims first: the target is
+            # (B, T, 2, H_kv, d), exactly the k|v part of qkv.
+            new_kv = qkv[:, :, H_q:].view(B, T, 2, H_kv, d)
+            layer_kv[:, rows, :, plan.write_slots] = (new_kv if same_dtype
+                                                      else new_kv.to(cache_dtype))
+            q = qkv[:, :, :H_q].transpose(1, 2)  # (B, H_q, T, d)
+            q = q if same_dtype else q.to(cache_dtype)
         # Attention in the cache's dtype (kv_cache.cache_dtype: float32 for a half-precision
         # model on the CPU), so the cache is read as stored; only q and the output convert.
         keys, values = layer_kv[0, :, :, :plan.read_len], layer_kv[1, :, :, :plan.read_len]
-        q = qkv[:, :, :H_q].transpose(1, 2)  # (B, H_q, T, d)
-        out = F.scaled_dot_product_attention(
-            q if same_dtype else q.to(cache_dtype), keys, values, attn_mask=plan.mask,
-            enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask,
+                                             enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
         out = out.transpose(1, 2).reshape(B * T, H_q * d)
         if not same_dtype:
             out = out.to(h.dtype)

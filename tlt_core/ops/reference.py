@@ -744,3 +744,27 @@ def philox_uniforms(seeds: torch.Tensor, offsets: torch.Tensor, count: int) -> t
     top24 = (x0 >> np.uint64(8)).astype(np.float32)  # exact: < 2^24
     u = top24 * np.float32(1.0 / 16777216.0)  # [B, count] float32, exact
     return torch.from_numpy(np.ascontiguousarray(u, dtype=np.float32))
+
+
+def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                  positions: torch.Tensor, slots: torch.Tensor, cache_kv: torch.Tensor,
+                  q_out: torch.Tensor) -> None:
+    """rope.h in tensor ops (what a decoder layer computes without the kernel): qkv (B, T,
+    H_q + 2 H_kv, d); cos, sin_signed (P, d); positions, slots (B, T) int64; cache_kv (2, B,
+    H_kv, S, d); q_out (B, H_q, T, d). Raises ValueError naming positions or slots when one
+    is out of range, before writing anything."""
+    cache_k, cache_v = cache_kv[0], cache_kv[1]
+    B, T, heads, d = qkv.shape
+    q_heads = q_out.shape[1]
+    kv_heads = (heads - q_heads) // 2
+    if positions.numel() and not (0 <= int(positions.min()) and int(positions.max()) < cos.shape[0]):
+        raise ValueError(f"positions: outside the tables' [0, {cos.shape[0]})")
+    if slots.numel() and not (0 <= int(slots.min()) and int(slots.max()) < cache_k.shape[2]):
+        raise ValueError(f"slots: outside the cache's [0, {cache_k.shape[2]})")
+    qk = qkv[:, :, :q_heads + kv_heads]  # (B, T, H_q + H_kv, d)
+    c, s = cos[positions][:, :, None], sin_signed[positions][:, :, None]  # (B, T, 1, d)
+    rotated = torch.addcmul(qk * c, qk.roll(d // 2, -1), s)
+    q_out.copy_(rotated[:, :, :q_heads].transpose(1, 2))
+    rows = torch.arange(B)[:, None]  # (B, 1)
+    cache_k[rows, :, slots] = rotated[:, :, q_heads:].to(cache_k.dtype)  # (B, T, H_kv, d)
+    cache_v[rows, :, slots] = qkv[:, :, q_heads + kv_heads:].to(cache_v.dtype)
