@@ -14,6 +14,8 @@ from tlt_core.drafting.training import (collect_records, eagle_loss, make_batch,
 from tlt_core.drafting.tree import Strategy, chain_levels, draft_tree
 from tlt_core.drafting.unrolled import unrolled_forward
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
+from tlt_core.warmup.config import OfflineConfig
+from tlt_core.workers.spot_trainer import SpotConfig
 
 from tests.speculative_fixtures import VOCAB, tiny_target
 
@@ -152,6 +154,10 @@ def test_a_bad_unroll_is_refused_by_name(target, unroll):
         unrolled_loss(drafter, batch, unroll)
     with pytest.raises(ValueError, match="unroll"):
         train_step(drafter, make_optimizer(drafter, 1e-3), batch, unroll=unroll)
+    with pytest.raises(ValueError, match="unroll"):
+        OfflineConfig(unroll=unroll)
+    with pytest.raises(ValueError, match="unroll"):
+        SpotConfig(unroll=unroll)
 
 
 def greedy_records(target, seed, count):
