@@ -60,8 +60,11 @@ def test_offline_drafter_drafts_and_records_its_provenance(trained):
     record = json.loads((folder / "drafter_config.json").read_text())
     meta = record["metadata"]
     assert meta["held_out_acceptance"] == report.held_out_acceptance
-    assert meta["acceptance_length"] == report.held_out_acceptance["(6,1,7)"] > 1.5
-    assert meta["held_out_by_position"]["(6,1,7)"]["0-256"] == meta["acceptance_length"]
+    assert meta["acceptance_length"] == report.held_out_acceptance["t0"]["(6,1,7)"] > 1.5
+    assert meta["held_out_by_position"]["t0"]["(6,1,7)"]["0-256"] == meta["acceptance_length"]
+    assert set(meta["held_out_acceptance"]["t0"]) == {"(6,1,7)", "(5,4,16)"}
+    at_t1 = meta["held_out_acceptance"]["t1"]  # the deterministic and the sampled chain
+    assert set(at_t1) == {"(6,1,7)", "sampled(6)"} and all(v >= 1.0 for v in at_t1.values())
     drafter = load_drafter(folder, target)
     assert drafter.config.draft_vocab == 24
     params = SamplingParams(temperature=0.0, max_tokens=16)
@@ -165,7 +168,7 @@ def test_tlt_drafter_train_command(tmp_path, capsys):
             "--unroll", "2", "--chat-template", "none", "--no-progress"]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "held-out acceptance length" in printed and "step 2 " in printed
+    assert "held-out acceptance length T = 0: (6,1,7)" in printed and "step 2 " in printed
     record = json.loads((out / "drafter_config.json").read_text())
     assert record["metadata"]["train_prompts"] == 20
     assert record["metadata"]["offline"]["unroll"] == 2

@@ -5,7 +5,8 @@ every `--drafter` flag.
 The prompts go through the same prompt format `tlt train` uses (chat template, system prompt),
 the responses are sampled with the RL settings (temperature, max tokens, stop at the model's
 end-of-turn ids), and the last `--held-out` prompts measure the drafter's acceptance length at
-the end. Interrupted runs resume from OUT/work/ when run again with the same flags.
+the end, greedy and at temperature 1. Interrupted runs resume from OUT/work/ when run again
+with the same flags.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def add_parsers(commands) -> None:
                     "EAGLE drafter sharing the model's embedding and LM head learns to predict "
                     "them, over every response position, unrolled over --unroll drafting "
                     "steps. OUT then holds the drafter (--drafter OUT everywhere) with its "
-                    "held-out acceptance length in drafter_config.json, and "
+                    "held-out acceptance length (T = 0 and T = 1) in drafter_config.json, and "
                     "OUT/work/ the responses and checkpoints a resumed run reuses. The "
                     "defaults train a useful drafter for SmolLM2-135M-Instruct on 512 prompts "
                     "in about 20 minutes on 2 CPU cores.")
@@ -135,12 +136,14 @@ def run_train(args: argparse.Namespace) -> int:
             progress=not args.no_progress, log=lambda line: print(line, file=sys.stderr))
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"{command}: {error}") from None
-    acceptance = ", ".join(f"{plan} {value:.2f}" for plan, value in
-                           report.held_out_acceptance.items() if value is not None)
+    acceptance = "; ".join(
+        f"T = {setting.removeprefix('t')}: " + ", ".join(
+            f"{plan} {value:.2f}" for plan, value in plans.items() if value is not None)
+        for setting, plans in report.held_out_acceptance.items())
     deeper = "".join(f", step {key.removeprefix('top1_step')} {value:.3f}"
                      for key, value in report.final_top1_by_step.items())
     print(f"drafter: {report.folder} ({report.sequences} responses, {report.response_tokens} "
           f"tokens; {report.steps} steps, loss {report.final_loss:.3f}, top-1 "
-          f"{report.final_top1:.3f}{deeper}); held-out acceptance length (greedy) {acceptance}; "
+          f"{report.final_top1:.3f}{deeper}); held-out acceptance length {acceptance}; "
           + ", ".join(f"{phase} {s:.0f} s" for phase, s in report.seconds.items()))
     return 0
