@@ -9,6 +9,7 @@ import json
 import os
 import re
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ from tlt_core.warmup.draft_vocabulary import draft_vocabulary
 from tlt_core.warmup.offline import train_offline
 from tlt_core.warmup.responses import read_shard
 from tlt_core.warmup.training_loop import float32_twin
-from tlt_core.warmup.work_folder import record_problem
+from tlt_core.warmup.work_folder import claim_work_folder, record_problem
 
 from tests.cli_fixtures import tiny_checkpoint, word
 from tests.speculative_fixtures import tiny_target
@@ -59,8 +60,11 @@ def test_offline_drafter_drafts_and_records_its_provenance(trained):
     record = json.loads((folder / "drafter_config.json").read_text())
     meta = record["metadata"]
     assert meta["held_out_acceptance"] == report.held_out_acceptance
-    assert meta["acceptance_length"] == report.held_out_acceptance["(6,1,7)"] > 1.5
-    assert meta["held_out_by_position"]["(6,1,7)"]["0-256"] == meta["acceptance_length"]
+    assert meta["acceptance_length"] == report.held_out_acceptance["t0"]["(6,1,7)"] > 1.5
+    assert meta["held_out_by_position"]["t0"]["(6,1,7)"]["0-256"] == meta["acceptance_length"]
+    assert set(meta["held_out_acceptance"]["t0"]) == {"(6,1,7)", "(5,4,16)"}
+    at_t1 = meta["held_out_acceptance"]["t1"]  # the deterministic and the sampled chain
+    assert set(at_t1) == {"(6,1,7)", "sampled(6)"} and all(v >= 1.0 for v in at_t1.values())
     drafter = load_drafter(folder, target)
     assert drafter.config.draft_vocab == 24
     params = SamplingParams(temperature=0.0, max_tokens=16)
@@ -161,12 +165,14 @@ def test_tlt_drafter_train_command(tmp_path, capsys):
     args = ["drafter", "train", "--model", str(model), "--data", str(data), "--out", str(out),
             "--held-out", "4", "--steps", "12", "--max-tokens", "16", "--draft-vocab", "20",
             "--rollout-batch", "8", "--batch-tokens", "256", "--dtype", "float32",
-            "--chat-template", "none", "--no-progress"]
+            "--unroll", "2", "--chat-template", "none", "--no-progress"]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "held-out acceptance length" in printed
+    assert "held-out acceptance length T = 0: (6,1,7)" in printed and "step 2 " in printed
     record = json.loads((out / "drafter_config.json").read_text())
     assert record["metadata"]["train_prompts"] == 20
+    assert record["metadata"]["offline"]["unroll"] == 2
+    assert set(record["metadata"]["final_top1_by_step"]) == {"top1_step2"}
     assert record["drafter"]["draft_vocab"] <= 20
     assert main(args) == 0  # a second run finds everything done and resumes to the same end
     with pytest.raises(SystemExit, match="held-out"):
@@ -235,6 +241,21 @@ def test_nothing_a_user_gave_is_lost_a_damaged_cache_entry_heals(trained, tmp_pa
     assert counts == {"shards": 4, "steps": 2 * CONFIG.steps}
     assert same_drafters(out, reference, target)
     assert not [p for p in work.rglob("*") if ".tmp-" in p.name]
+
+
+def test_a_work_record_without_unroll_belongs_to_a_teacher_forced_run(tmp_path):
+    """A work record that does not name `unroll` resumes with unroll 1, its shards kept, and
+    is refused, naming it, with another unroll."""
+    work, data = tmp_path / "work", [(1, 2, 3)]
+    claim_work_folder(work, CONFIG, data, "sha", print)
+    record = json.loads((work / "run.json").read_text())
+    del record["unroll"]
+    (work / "run.json").write_text(json.dumps(record))
+    (work / "responses").mkdir()
+    claim_work_folder(work, CONFIG, data, "sha", print)  # unroll 1: the same run
+    assert (work / "responses").is_dir()
+    with pytest.raises(ValueError, match=r"other settings \(unroll\)"):
+        claim_work_folder(work, replace(CONFIG, unroll=3), data, "sha", print)
 
 
 @pytest.mark.parametrize("text, problem", [

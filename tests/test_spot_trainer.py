@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.training import make_optimizer, train_step
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.persistence import checkpoint_io
 from tlt_core.persistence.checkpoint_io import STATE_FILE, TENSORS_FILE, read_state
@@ -50,6 +51,20 @@ def test_training_improves_the_drafter_and_never_touches_the_target(target, harv
     assert later.last_loss < first.last_loss
     assert state_hash(target) == before
     assert all(p.grad is None for p in target.parameters())
+
+
+def test_spot_steps_are_the_unrolled_objective_of_its_config(target, harvest):
+    """SpotConfig.unroll is the objective the trainer steps on: one spot step equals one
+    train_step with that unroll on the same batch."""
+    config = SpotConfig(lr=3e-3, batch_tokens=256, unroll=2)
+    trainer = SpotTrainer(fresh_drafter(target), harvest, config)
+    batch = trainer._batch(0)
+    trainer.train_until(lambda: False, max_steps=1)
+    reference = fresh_drafter(target)
+    train_step(reference, make_optimizer(reference, config.lr), batch, unroll=2)
+    for (name, a), b in zip(trainer.drafter.state_dict().items(),
+                            reference.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_preempted_within_one_step_of_the_signal(target, harvest):

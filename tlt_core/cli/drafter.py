@@ -5,7 +5,8 @@ every `--drafter` flag.
 The prompts go through the same prompt format `tlt train` uses (chat template, system prompt),
 the responses are sampled with the RL settings (temperature, max tokens, stop at the model's
 end-of-turn ids), and the last `--held-out` prompts measure the drafter's acceptance length at
-the end. Interrupted runs resume from OUT/work/ when run again with the same flags.
+the end, greedy and at temperature 1. Interrupted runs resume from OUT/work/ when run again
+with the same flags.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ def add_parsers(commands) -> None:
         description="The model answers the prompts of --data (chat template, sampling as in "
                     "RL), the hidden states of those very passes are kept, and a one-layer "
                     "EAGLE drafter sharing the model's embedding and LM head learns to predict "
-                    "them, over every response position. OUT then holds the drafter "
-                    "(--drafter OUT everywhere) with its held-out acceptance length in "
-                    "drafter_config.json, and OUT/work/ the responses and checkpoints a "
-                    "resumed run reuses. The defaults train a useful drafter for "
-                    "SmolLM2-135M-Instruct on 512 prompts in about 20 minutes on 2 CPU cores.")
+                    "them, over every response position, unrolled over --unroll drafting "
+                    "steps. OUT then holds the drafter (--drafter OUT everywhere) with its "
+                    "held-out acceptance length (T = 0 and T = 1) in drafter_config.json, and "
+                    "OUT/work/ the responses and checkpoints a resumed run reuses. The "
+                    "defaults train a useful drafter for SmolLM2-135M-Instruct on 512 prompts "
+                    "in about 20 minutes on 2 CPU cores.")
     train.add_argument("--model", type=Path, metavar="DIR", required=True,
                        help="a local Hugging Face checkpoint folder")
     train.add_argument("--data", type=Path, metavar="FILE", required=True,
@@ -74,6 +76,11 @@ def add_parsers(commands) -> None:
                        help="padded positions per training batch")
     train.add_argument("--lr", type=float, default=DEFAULTS.lr,
                        help="peak learning rate (linear warm-up, cosine to a tenth)")
+    train.add_argument("--unroll", type=int, default=DEFAULTS.unroll, metavar="N",
+                       help="drafting steps each position trains on (EAGLE-3's training-time "
+                            "test): step k drafts from the drafter's own output of step k - 1, "
+                            "as drafting levels >= 2 do; 1 is teacher-forced EAGLE alone. A "
+                            "training step costs about N teacher-forced ones")
     train.add_argument("--feature-layers", default="-1", metavar="I,J,K",
                        help="target layers the drafter reads: -1 is EAGLE-1/2's last layer; "
                             "several (e.g. 2,15,27) fuse them, EAGLE-3 style")
@@ -97,7 +104,7 @@ def run_train(args: argparse.Namespace) -> int:
             held_out=args.held_out, feature_layers=layers,
             form="eagle" if layers == (-1,) else "tlt",
             draft_vocab=args.draft_vocab or None, steps=args.steps,
-            batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed)
+            batch_tokens=args.batch_tokens, lr=args.lr, unroll=args.unroll, seed=args.seed)
     except ValueError as error:
         raise SystemExit(f"{command}: --{str(error).replace('_', '-', 1)}") from None
     if args.prompts is not None and args.prompts < 1:
@@ -129,10 +136,14 @@ def run_train(args: argparse.Namespace) -> int:
             progress=not args.no_progress, log=lambda line: print(line, file=sys.stderr))
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"{command}: {error}") from None
-    acceptance = ", ".join(f"{plan} {value:.2f}" for plan, value in
-                           report.held_out_acceptance.items() if value is not None)
+    acceptance = "; ".join(
+        f"T = {setting.removeprefix('t')}: " + ", ".join(
+            f"{plan} {value:.2f}" for plan, value in plans.items() if value is not None)
+        for setting, plans in report.held_out_acceptance.items())
+    deeper = "".join(f", step {key.removeprefix('top1_step')} {value:.3f}"
+                     for key, value in report.final_top1_by_step.items())
     print(f"drafter: {report.folder} ({report.sequences} responses, {report.response_tokens} "
           f"tokens; {report.steps} steps, loss {report.final_loss:.3f}, top-1 "
-          f"{report.final_top1:.3f}); held-out acceptance length (greedy) {acceptance}; "
+          f"{report.final_top1:.3f}{deeper}); held-out acceptance length {acceptance}; "
           + ", ".join(f"{phase} {s:.0f} s" for phase, s in report.seconds.items()))
     return 0

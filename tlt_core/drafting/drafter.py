@@ -233,8 +233,7 @@ class Drafter(nn.Module):
         tree, whose nodes see their ancestors among uncommitted slots). Returns f' (B, T, H);
         logits(f') is the distribution of the token after each x_{t+1}."""
         target = self.target
-        embedded = F.embedding(tokens, target.model.embed_tokens.weight.detach())  # (B, T, H)
-        joined = torch.cat((embedded, features), dim=-1)  # (B, T, 2H)
+        joined = self._pairs(tokens, features)  # (B, T, 2H)
         if cache is not None and not torch.is_grad_enabled():  # inference: the packed layer
             if plan is None:
                 plan = plan_for(tokens, cache, tree_mask)
@@ -243,11 +242,33 @@ class Drafter(nn.Module):
             h, _ = run_layers(self._packed, h, positions, target.model.rotary_emb,
                               [cache.data[0]], plan)
             return h.view(B, T, -1)
-        h = F.linear(joined, self.fc.weight, self.fc.bias)  # (B, T, H)
         if plan is None:
             plan = attention_plan(tokens.shape, cache, tree_mask, tokens.device)
-        cos, sin = target.model.rotary_emb(positions, h.dtype)  # (B, T, d) each
-        return self.layer(h, cos, sin, plan, None if cache is None else cache.layer(0))
+        return self._differentiable(joined, positions, plan,
+                                    None if cache is None else cache.layer(0))
+
+    def forward_over_keys(self, tokens: torch.Tensor, features: torch.Tensor,
+                          positions: torch.Tensor, plan: AttentionPlan,
+                          kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """forward's differentiable pass over keys the caller holds rather than a KVCache:
+        kv (K, V), each (B, H_kv, S, d), which the new tokens' keys and values are written into
+        at plan.write_slots (in place) and whose first plan.read_len slots they attend under
+        plan.mask. Autograd follows the writes, so gradients reach earlier passes through the
+        keys they left there (the unrolled loss, tlt_core.drafting.unrolled). Returns f'
+        (B, T, H), as forward."""
+        return self._differentiable(self._pairs(tokens, features), positions, plan, kv)
+
+    def _pairs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """(x_{t+1} embedded, f_t) side by side, (B, T, 2H), through the target's embedding."""
+        embedding = self.target.model.embed_tokens.weight.detach()
+        return torch.cat((F.embedding(tokens, embedding), features), dim=-1)
+
+    def _differentiable(self, joined: torch.Tensor, positions: torch.Tensor, plan: AttentionPlan,
+                        kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """The layer on (x_{t+1} embedded, f_t) pairs (B, T, 2H), unpacked (autograd sees it)."""
+        h = F.linear(joined, self.fc.weight, self.fc.bias)  # (B, T, H)
+        cos, sin = self.target.model.rotary_emb(positions, h.dtype)  # (B, T, d) each
+        return self.layer(h, cos, sin, plan, kv)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) drafter outputs -> (..., V') float32 logits over the draft vocabulary

@@ -12,6 +12,13 @@ guesswork: the drafter's input at t is (f_t, x_{t+1}); its output f'_{t+1} is tr
 weighted 1.0 and 0.1 as in EAGLE. Only the drafter's own tensors are optimised; the target's
 embedding and head are used detached (tlt_core.drafting.drafter).
 
+That is `eagle_loss`, teacher-forced: every input holds the target's feature. Drafting feeds the
+drafter's own outputs back from its second level on, so `unrolled_loss` adds the training-time
+test (EAGLE-3): `unroll` steps, step k drafting from step k - 1's output at each root t
+(tlt_core.drafting.unrolled, which attends exactly as the drafter cache does during a draft)
+and scored by the same two terms against the target at t + k, weighted STEP_DECAY ** (k - 1).
+unroll = 1 is the EAGLE loss.
+
 Shapes: B records in a batch, T positions, F feature layers, H hidden size, V vocabulary.
 """
 
@@ -24,9 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.unrolled import check_unroll, unrolled_forward
 from tlt_core.model.transformer import Transformer
 
 REGRESSION_WEIGHT, TOKEN_WEIGHT = 1.0, 0.1  # EAGLE's weights for the two loss terms
+STEP_DECAY = 0.8  # unrolled step k weighs STEP_DECAY ** (k - 1), as EAGLE-3 weighs its steps
 
 
 @dataclass(frozen=True)
@@ -104,25 +113,82 @@ def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_
     positions = torch.arange(T - 1, device=tokens.device)[None].expand(B, T - 1)
     predicted = drafter(tokens[:, 1:], features, positions)  # (B, T-1, H): f'_{t+1}
     truth = drafter.feature_target(batch.last_hidden[:, 1:])  # (B, T-1, H): target's at t + 1
-    regression = F.smooth_l1_loss(predicted[mask], truth[mask])
-    logits = drafter.logits(predicted[mask])  # (P, V)
     with torch.no_grad():
-        target_probs = torch.softmax(drafter.logits(truth[mask]), -1)  # (P, V)
-    token = -(target_probs * torch.log_softmax(logits, -1)).sum(-1).mean()
-    top1 = (logits.argmax(-1) == target_probs.argmax(-1)).float().mean()
+        target_probs = torch.softmax(drafter.logits(truth[mask]), -1)  # (M, V)
+    regression, token, top1 = _pair_terms(drafter, predicted[mask], truth[mask], target_probs)
     loss = REGRESSION_WEIGHT * regression + token_weight * token
     return loss, {"regression": regression.item(), "token": token.item(), "top1": top1.item()}
 
 
+def unrolled_loss(drafter: Drafter, batch: DraftBatch, unroll: int,
+                  token_weight: float = TOKEN_WEIGHT, step_decay: float = STEP_DECAY
+                  ) -> tuple[torch.Tensor, dict]:
+    """The EAGLE loss's two terms at each of `unroll` drafting steps (module docstring), summed
+    with weight step_decay ** (k - 1). Step k scores root t when t is a real pair and t + k <
+    the sequence's length (the target's feature at t + k exists, and so its distribution of
+    x_{t+k+1}). Returns (loss, {"regression", "token", "top1"} of step 1, the teacher-forced
+    ones, plus "top1_step{k}" for k = 2..unroll: step k's agreement with the target's argmax,
+    the share of level-k drafts a greedy chain accepts given the levels before were). A step
+    with no root to score (no sequence long enough) adds nothing and reports NaN."""
+    check_unroll(unroll)
+    tokens, mask = batch.tokens, batch.mask  # (B, T), (B, P)
+    B, P = mask.shape
+    features = drafter.features(batch.features[:, :-1].unbind(dim=2))  # (B, P, H): f_t
+    outputs = unrolled_forward(drafter, tokens, features, unroll)  # unroll x (B, P, H)
+    truth = drafter.feature_target(batch.last_hidden[:, 1:])  # (B, P, H): target's at t + 1
+    # The target's distributions once, at every position step 1 scores: every later step's
+    # targets are among them (step k's at root t is step 1's at root t + k - 1).
+    with torch.no_grad():
+        scored = torch.softmax(drafter.logits(truth[mask]), -1)  # (M, V)
+        target_probs = scored.new_zeros(B, P, scored.shape[-1])  # (B, P, V)
+        target_probs[mask] = scored
+    loss, metrics = torch.zeros((), device=tokens.device), {}
+    for step, predicted in enumerate(outputs, start=1):
+        ahead = torch.cat((mask[:, step - 1:], mask.new_zeros(B, step - 1)), 1)  # (B, P)
+        rows, roots = (mask & ahead).nonzero(as_tuple=True)  # pair t real, t + step < length
+        if rows.numel() == 0:
+            names = ("regression", "token", "top1") if step == 1 else (f"top1_step{step}",)
+            metrics.update(dict.fromkeys(names, float("nan")))
+            continue
+        at = roots + step - 1  # where step 1 scored the target at t + step
+        regression, token, top1 = _pair_terms(drafter, predicted[rows, roots], truth[rows, at],
+                                              target_probs[rows, at])
+        loss = loss + step_decay ** (step - 1) * (REGRESSION_WEIGHT * regression
+                                                  + token_weight * token)
+        if step == 1:
+            metrics.update(regression=regression.item(), token=token.item(), top1=top1.item())
+        else:
+            metrics[f"top1_step{step}"] = top1.item()
+    return loss, metrics
+
+
+def _pair_terms(drafter: Drafter, predicted: torch.Tensor, truth: torch.Tensor,
+                target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(regression, token, top1) over M scored pairs: predicted (M, H) drafter outputs, truth
+    (M, H) the target's features they guess (Drafter.feature_target), target_probs (M, V) the
+    target's distributions of the token after."""
+    regression = F.smooth_l1_loss(predicted, truth)
+    logits = drafter.logits(predicted)  # (M, V)
+    token = -(target_probs * torch.log_softmax(logits, -1)).sum(-1).mean()
+    top1 = (logits.argmax(-1) == target_probs.argmax(-1)).float().mean()
+    return regression, token, top1
+
+
 def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftBatch,
-               grad_clip: float = 1.0, token_weight: float = TOKEN_WEIGHT) -> dict:
-    """One optimizer step on the EAGLE loss; the metrics of eagle_loss plus "loss"."""
+               grad_clip: float = 1.0, token_weight: float = TOKEN_WEIGHT,
+               unroll: int = 1) -> dict:
+    """One optimizer step on the unrolled EAGLE loss (`unroll` = 1: teacher-forced, the EAGLE
+    loss itself; none when the batch has no pair to score); the metrics of unrolled_loss plus
+    "loss"."""
+    check_unroll(unroll)
     drafter.train()
-    loss, metrics = eagle_loss(drafter, batch.to(drafter.fc.weight.device), token_weight)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(drafter.parameters(), grad_clip)
-    optimizer.step()
+    loss, metrics = unrolled_loss(drafter, batch.to(drafter.fc.weight.device), unroll,
+                                  token_weight)
+    if loss.requires_grad:  # else the batch had no pair to score: nothing to learn from
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), grad_clip)
+        optimizer.step()
     drafter.eval()
     return {"loss": loss.item(), **metrics}
 

@@ -1,7 +1,8 @@
 """The settings of the drafter's offline warm-up (`OfflineConfig`): the RL sampling settings
 the target's responses are drawn with, the drafter's form, the training's length, batch size,
-learning rate, warm-up and checkpoint interval, and the held-out measurement's length. Validated
-at construction, with messages that name the field; every phase reads what it needs from it.
+learning rate, warm-up, unrolled steps and checkpoint interval, and the held-out measurement's
+length. Validated at construction, with messages that name the field; every phase reads what it
+needs from it.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tlt_core.drafting.drafter import DrafterConfig
+from tlt_core.drafting.unrolled import check_unroll
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,14 @@ class OfflineConfig:
     batch_tokens: int = 4096  # padded positions per batch
     lr: float = 2e-3
     warmup: int = 30
+    # drafting steps each position trains on, step k from the drafter's own output of step
+    # k - 1 (the training-time test, tlt_core.drafting.unrolled); 1: teacher-forced EAGLE
+    # alone. A step costs about `unroll` teacher-forced ones (about 3x for 3 at SmolLM2's
+    # shape on the CPU, which would double the default CPU run: hence the default of 1).
+    unroll: int = 1
     checkpoint_every: int = 100
     seed: int = 0
-    # held-out acceptance: greedy, as many rows at once
+    # held-out acceptance (greedy and T = 1), as many rows at once
     eval_max_tokens: int = 256
 
     def __post_init__(self):
@@ -44,4 +51,5 @@ class OfflineConfig:
                              f"them), got {self.held_out!r}")
         if not self.lr > 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
+        check_unroll(self.unroll)
         DrafterConfig(self.feature_layers, self.form, self.draft_vocab)  # validates those

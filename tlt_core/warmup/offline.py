@@ -6,12 +6,14 @@ Three phases, each resumable from the output folder's `work/` (tlt_core.warmup.w
    sampling settings, and the hidden states of the passes that generated them are kept.
 2. Draft vocabulary (tlt_core.warmup.draft_vocabulary): the V' token ids the responses use
    most.
-3. Training (tlt_core.warmup.training_loop): AdamW on the EAGLE loss over the response
-   positions, warmed up then on a cosine to a tenth, against a float32 twin of the target,
-   checkpointed so an interrupted run resumes with the same batches.
+3. Training (tlt_core.warmup.training_loop): AdamW on the EAGLE loss unrolled over
+   OfflineConfig.unroll drafting steps (the training-time test, tlt_core.drafting.unrolled) over
+   the response positions, warmed up then on a cosine to a tenth, against a float32 twin of the
+   target, checkpointed so an interrupted run resumes with the same batches.
 Then the drafter is saved (Drafter.save) in the target's dtype and its acceptance length is
-measured on held-out prompts the training never saw (tlt_core.warmup.acceptance), and stored in
-the folder's metadata with the provenance.
+measured on held-out prompts the training never saw, at T = 0 and T = 1
+(tlt_core.warmup.acceptance), and stored in the folder's metadata with the provenance
+(`acceptance_length`: the greedy chain's).
 
 One process at a time: a call holds `work/`'s lock (tlt_core.persistence.folder_lock)
 throughout, so a second call with the same --out waits for the first (saying so), then reuses
@@ -35,7 +37,7 @@ from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.drafting.export import target_sha256
 from tlt_core.model.transformer import Transformer
 from tlt_core.persistence.folder_lock import folder_lock
-from tlt_core.warmup.acceptance import EVAL_STRATEGIES, held_out_acceptance
+from tlt_core.warmup.acceptance import HEADLINE, held_out_acceptance
 from tlt_core.warmup.config import OfflineConfig
 from tlt_core.warmup.draft_vocabulary import coverage, draft_vocabulary
 from tlt_core.warmup.responses import target_responses
@@ -54,8 +56,12 @@ class OfflineReport:
     steps: int
     final_loss: float  # mean over the last 20 steps
     final_top1: float  # teacher-forced top-1 agreement with the target, last 20 steps
-    held_out_acceptance: dict = field(default_factory=dict)  # strategy -> acceptance length
-    held_out_by_position: dict = field(default_factory=dict)  # strategy -> bucket -> length
+    # per unrolled step k >= 2 ("top1_step2", ...): top-1 agreement drafting from its own
+    # outputs, last 20 steps
+    final_top1_by_step: dict = field(default_factory=dict)
+    # "t0" / "t1" (tlt_core.warmup.acceptance.EVAL_SETTINGS) -> plan -> acceptance length
+    held_out_acceptance: dict = field(default_factory=dict)
+    held_out_by_position: dict = field(default_factory=dict)  # the same, then context bucket
     seconds: dict = field(default_factory=dict)  # phase -> wall seconds (this run's)
 
 
@@ -126,7 +132,11 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
                   "train_prompts": len(train_prompts), "sequences": len(records),
                   "response_tokens": response_tokens,
                   "final_loss": _mean(h["loss"] for h in tail),
-                  "final_top1": _mean(h["top1"] for h in tail)}
+                  "final_top1": _mean(h["top1"] for h in tail),
+                  # a step's top-1 is NaN on a batch too short for it: left out
+                  "final_top1_by_step": {
+                      key: _mean(h[key] for h in tail if h[key] == h[key])
+                      for key in (f"top1_step{k}" for k in range(2, config.unroll + 1))}}
     drafter.save(folder, metadata=provenance)  # written now; the measurement is added below
     served = Drafter.load(folder, target).eval()  # the target's dtype, as rollouts run it
     start = time.perf_counter()
@@ -134,12 +144,12 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
     seconds["held_out"] = time.perf_counter() - start
     provenance.update(held_out_prompts=len(held_out), held_out_acceptance=acceptance,
                       held_out_by_position=by_position,
-                      acceptance_length=acceptance[EVAL_STRATEGIES[0].key])
+                      acceptance_length=acceptance[HEADLINE[0]][HEADLINE[1]])
     served.save(folder, metadata=provenance)
     return OfflineReport(str(folder), len(train_prompts), len(held_out), len(records),
                          response_tokens, drafter_config.draft_vocab, len(history),
-                         provenance["final_loss"], provenance["final_top1"], acceptance,
-                         by_position, seconds)
+                         provenance["final_loss"], provenance["final_top1"],
+                         provenance["final_top1_by_step"], acceptance, by_position, seconds)
 
 
 def _mean(values) -> float:

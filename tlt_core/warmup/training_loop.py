@@ -1,13 +1,14 @@
 """Phase 3 of the warm-up: training the drafter, resumable, and the training loop the embedded
 drafter shares.
 
-`train_steps` is the loop: one AdamW step of the EAGLE loss (tlt_core.drafting.training) per
-batch, the learning rate set per step from a schedule (tlt_core.optim.schedule), every step's
-metrics kept. `train_drafter` runs it over the response positions of every sequence, in batches
-of at most `batch_tokens` padded positions grouped by length, the learning rate warmed up then
-on a cosine to a tenth; each epoch's order is a function of the seed and the epoch alone.
-Checkpointed every `checkpoint_every` steps (`work/train/step-N/`: weights, optimizer and the
-history, a checkpoint_io folder), so an interrupted run resumes where it stopped with the same
+`train_steps` is the loop: one AdamW step of the EAGLE loss unrolled over `unroll` drafting
+steps (tlt_core.drafting.training; 1: teacher-forced) per batch, the learning rate set per step
+from a schedule (tlt_core.optim.schedule), every step's metrics kept. `train_drafter` runs it
+over the response positions of every sequence, in batches of at most `batch_tokens` padded
+positions grouped by length, the learning rate warmed up then on a cosine to a tenth; each
+epoch's order is a function of the seed and the epoch alone. Checkpointed every
+`checkpoint_every` steps (`work/train/step-N/`: weights, optimizer and the history, a
+checkpoint_io folder), so an interrupted run resumes where it stopped with the same
 batches; a checkpoint that does not read back is reported, deleted, and training resumes from
 the one before, or from the start. The drafter trains in float32 against a float32 twin of the
 target (`float32_twin`: the same weights, widened exactly), whatever dtype the target decodes
@@ -54,20 +55,22 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
                 batches: Iterator[DraftBatch], *, steps: int, lr_at: Callable[[int], float],
                 first_step: int = 0, history: list[dict] | None = None,
                 after_step: Callable[[int, list[dict]], None] | None = None,
-                progress: bool = True, desc: str = "training the drafter") -> list[dict]:
+                progress: bool = True, desc: str = "training the drafter",
+                unroll: int = 1) -> list[dict]:
     """Steps `first_step` to `steps` - 1: each takes the next of `batches` at the learning rate
-    `lr_at(step)` and appends its metrics to `history` (returned); `after_step(steps done,
-    history)` runs after each."""
+    `lr_at(step)`, trains on the loss unrolled over `unroll` steps, and appends its metrics to
+    `history` (returned); `after_step(steps done, history)` runs after each."""
     history = [] if history is None else history
     bar = tqdm(total=steps, initial=first_step, disable=not progress, unit="step", desc=desc)
     for step in range(first_step, steps):
         batch = next(batches)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        metrics = train_step(drafter, optimizer, batch)
+        metrics = train_step(drafter, optimizer, batch, unroll=unroll)
         history.append(metrics)
         bar.update()
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1']:.3f}")
+        deeper = {f"top1@{k}": f"{metrics[f'top1_step{k}']:.3f}" for k in range(2, unroll + 1)}
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1']:.3f}", **deeper)
         if after_step is not None:
             after_step(step + 1, history)
     bar.close()
@@ -77,9 +80,9 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
 def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: list[int],
                   directory: Path, config: OfflineConfig, progress: bool,
                   log: Callable[[str], None]) -> list[dict]:
-    """AdamW steps on the EAGLE loss over response positions; resumes from the newest step
-    checkpoint in `directory` that reads back (a damaged one is reported and deleted). Returns
-    every step's metrics (resumed steps' included)."""
+    """AdamW steps on the EAGLE loss unrolled over config.unroll drafting steps, over response
+    positions; resumes from the newest step checkpoint in `directory` that reads back (a damaged
+    one is reported and deleted). Returns every step's metrics (resumed steps' included)."""
     optimizer, step, history = _resume(drafter, directory, config, log)
     device = drafter.fc.weight.device
     batches = (_float_batch(batch, device)
@@ -95,7 +98,7 @@ def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: 
                               warmup_steps=config.warmup, scheduler="cosine", min_lr_ratio=0.1)
     return train_steps(drafter, optimizer, batches, steps=config.steps, lr_at=lr_at,
                        first_step=step, history=history, after_step=checkpoint,
-                       progress=progress)
+                       progress=progress, unroll=config.unroll)
 
 
 def _resume(drafter: Drafter, directory: Path, config: OfflineConfig,

@@ -23,6 +23,10 @@ from tlt_core.warmup.config import OfflineConfig
 
 WORK_DIR, RESPONSES_DIR, TRAIN_DIR = "work", "responses", "train"
 WORK_RECORD = "run.json"  # the settings and prompts a work folder belongs to
+# Settings a work record may lack, with the value its run used: a record without `unroll`
+# belongs to a teacher-forced run (unroll 1), so resuming it needs unroll 1, and its response
+# shards stay reusable either way.
+IMPLIED_SETTINGS = {"unroll": 1}
 
 
 def claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int, ...]],
@@ -40,7 +44,7 @@ def claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int
     path = work / WORK_RECORD
     problem = record_problem(path, set(mine))
     if problem is None:
-        theirs = json.loads(path.read_text(encoding="utf-8"))
+        theirs = {**IMPLIED_SETTINGS, **json.loads(path.read_text(encoding="utf-8"))}
         changed = sorted(key for key in mine if mine[key] != theirs[key])
         if changed:
             raise ValueError(f"out: {work.parent} holds a run with other settings "
@@ -58,7 +62,8 @@ def claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int
 
 
 def record_problem(path: Path, keys: set[str]) -> str | None:
-    """What keeps `path` from being a work record with exactly `keys`; None when it is one."""
+    """What keeps `path` from being a work record with exactly `keys` (those of
+    IMPLIED_SETTINGS optional); None when it is one."""
     if not path.is_file():
         return "is missing"
     try:
@@ -67,8 +72,9 @@ def record_problem(path: Path, keys: set[str]) -> str | None:
         return f"is not valid JSON ({error})"
     if not isinstance(record, dict):
         return f"holds a JSON {type(record).__name__}, not a work record"
-    if set(record) != keys:
-        missing, foreign = sorted(keys - set(record)), sorted(set(record) - keys)
+    missing = sorted(keys - set(record) - IMPLIED_SETTINGS.keys())
+    foreign = sorted(set(record) - keys)
+    if missing or foreign:
         return ("is not a work record of this version ("
                 + "; ".join(part for part in (missing and f"missing {', '.join(missing)}",
                                               foreign and f"unknown {', '.join(foreign)}")

@@ -2,9 +2,9 @@
 
 A worker that went idle in the rollout's tail calls `train_until(should_stop)`; the trainer checks
 `should_stop` before every step, so it yields within one training step of work arriving or the
-rollout ending. Steps are the EAGLE loss of `tlt_core.drafting.training` on batches packed from
-the `HarvestBuffer`. Only the drafter's own tensors are optimised or saved; the target's are
-never touched.
+rollout ending. Steps are the unrolled EAGLE loss of `tlt_core.drafting.training` (the offline
+warm-up's objective) on batches packed from the `HarvestBuffer`. Only the drafter's own tensors
+are optimised or saved; the target's are never touched.
 
 Determinism: the batch of global step s is fixed by the buffer's records, the seed and s alone
 (epoch s // batches, position s % batches, the epoch's order drawn from Random(seed, epoch)), so
@@ -32,6 +32,7 @@ from typing import Callable
 
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.training import TOKEN_WEIGHT, DraftBatch, make_optimizer, train_step
+from tlt_core.drafting.unrolled import check_unroll
 from tlt_core.persistence.checkpoint_io import read_state, write_state
 from tlt_core.workers.harvest import HarvestBuffer
 
@@ -42,12 +43,17 @@ class SpotConfig:
     batch_tokens: int = 4096  # padded positions per training batch
     seed: int = 0
     token_weight: float = TOKEN_WEIGHT  # weight of the EAGLE loss's cross-entropy term
+    # drafting steps trained on the drafter's own outputs (OfflineConfig.unroll, whose default
+    # this shares); a step, and so the wait before a preempted trainer yields, costs about
+    # `unroll` teacher-forced ones
+    unroll: int = 1
 
     def __post_init__(self):
         if not self.lr > 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         if self.batch_tokens < 1:
             raise ValueError(f"batch_tokens: must be >= 1, got {self.batch_tokens}")
+        check_unroll(self.unroll)
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ class SpotTrainer:
                 stopped = "no_data"
                 break
             last = train_step(self.drafter, self.optimizer, batch,
-                              token_weight=self.config.token_weight)
+                              token_weight=self.config.token_weight, unroll=self.config.unroll)
             self.steps += 1
             taken += 1
         return SpotSession(taken, time.perf_counter() - start, stopped,
