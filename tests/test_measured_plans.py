@@ -1,18 +1,28 @@
 """Plans from a `tlt bench speculative --json` file: the best plan per batch size at the run's
 temperature (ties by acceptance), the bench's rates as the adaptive loop's prediction where
-calibration timed nothing, bad files named."""
+calibration timed nothing, bad files named; the RL driver and `tlt bench rollout` adapt over
+exactly the file's best plans, and the command lines name --plans-from."""
 
 import json
 import math
 
 import pytest
+import torch
 
+from tests.speculative_fixtures import PROMPTS, tiny_target
 from tlt_core.adaptive.cost_model import CostModel
 from tlt_core.adaptive.measured_plans import measured_plans
 from tlt_core.adaptive.policy import AdaptivePolicy
+from tlt_core.bench import rollout as bench_rollout
+from tlt_core.bench.train import TrainOptions
+from tlt_core.cli.main import main
+from tlt_core.drafting.drafter import Drafter, DrafterConfig
 from tlt_core.drafting.sampled_chain import SampledChain
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.drafting.tree import Strategy
+from tlt_core.engine.records import Request, SamplingParams
+from tlt_core.rl.driver import RLDriver, TrainConfig, _adaptive_plans
+from tlt_core.tasks.inputs import Prompt
 
 CHAIN, TREE, SAMPLED = Strategy(3, 1, 4), Strategy(3, 2, 6), SampledChain(3)
 
@@ -149,3 +159,125 @@ def test_bad_files_and_temperatures_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"missing.json: no such file; write one with "
                                                 r"`tlt bench speculative --json FILE`"):
         measured_plans(tmp_path / "missing.json", 1.0)
+
+
+# ---- the RL driver and `tlt bench rollout` on the tiny model ---------------------------------
+
+@pytest.fixture(scope="module")
+def models():
+    """The tiny target and an untrained drafter: which plans the loop adapts over does not
+    depend on how well they draft."""
+    torch.manual_seed(0)
+    target = tiny_target(sharpen=2.0)
+    return target, Drafter(target, DrafterConfig()).eval()
+
+
+@pytest.fixture
+def plans_file(tmp_path):
+    path = tmp_path / "speculative_t1.json"
+    path.write_text(json.dumps(ROWS))
+    return path
+
+
+def _driver(models, **options):
+    target, drafter = models
+    config = TrainConfig(**{**dict(steps=1, prompts_per_step=2, samples_per_prompt=2,
+                                   max_new_tokens=6, minibatch_size=4, max_batch=4, lr=1e-3,
+                                   suffix_drafts=False), **options})
+    prompts = [Prompt(str(p), tuple(p), "7") for p in PROMPTS[:4]]
+    return RLDriver(target, prompts, lambda prompt, response, reference: 0.0,
+                    lambda ids: " ".join(map(str, ids)), (), config, drafter=drafter)
+
+
+def test_the_driver_adapts_over_exactly_the_files_best_plans(models, plans_file):
+    driver = _driver(models, plans_from=plans_file)
+    assert driver.adaptive.plans == (SAMPLED, CHAIN)
+    assert {key for _, key in driver.adaptive.cost_model.rates} == {"plain", SAMPLED.key,
+                                                                     CHAIN.key}
+    config = TrainConfig(plans_from=str(plans_file))
+    assert config.plans_from == plans_file  # text becomes a path
+    plans, measured = _adaptive_plans(config)  # suffix-match plans beside the file's
+    assert plans == (SAMPLED, CHAIN, SuffixMatch(8), SuffixMatch(16))
+    assert measured.best == measured_plans(ROWS, 1.0).best
+
+
+def test_the_plans_file_goes_into_a_checkpoint_as_text(models, plans_file, tmp_path):
+    saved = _driver(models, plans_from=plans_file, tlt=False).save(tmp_path / "checkpoints")
+    _driver(models, plans_from=plans_file, tlt=False).resume(saved)
+    copy = tmp_path / "copy.json"
+    copy.write_text(plans_file.read_text())
+    with pytest.raises(ValueError, match=r"checkpoint: saved under another config \(plans_from "
+                                         r"differ\)"):
+        _driver(models, plans_from=copy, tlt=False).resume(saved)
+    # a checkpoint written before the option existed ran at its default
+    state = _driver(models, tlt=False).state_dict()
+    del state["config"]["plans_from"]
+    _driver(models, tlt=False).load_state_dict(state)
+
+
+def test_the_driver_names_a_bad_plans_file(models, tmp_path):
+    bad = tmp_path / "greedy.json"
+    bad.write_text(json.dumps([r for r in ROWS if r["temperature"] == 0.0]))
+    with pytest.raises(ValueError, match=r"plans_from: .*greedy.json: no rows at temperature "
+                                         r"1.0; it has rows at 0.0"):
+        _driver(models, plans_from=bad)
+    with pytest.raises(ValueError, match="sampled_drafts: with plans_from"):
+        TrainConfig(plans_from=bad, sampled_drafts=True)
+    _driver(models, plans_from=bad, tlt=False)  # SD off: no plans to read
+
+
+def test_bench_rollout_adapts_over_exactly_the_files_best_plans(models, plans_file,
+                                                                monkeypatch):
+    """A calibration that timed nothing (stubbed: the test is about the plans, and an empty
+    one is the case where the file's rates are the loop's prediction)."""
+    target, drafter = models
+    monkeypatch.setattr(bench_rollout, "calibrate", lambda *args, **kwargs: CostModel({}))
+    policies = []
+    from_cost_model = AdaptivePolicy.from_cost_model
+
+    def spy(*args, **kwargs):
+        policies.append((from_cost_model(*args, **kwargs), kwargs["fallback_model"]))
+        return policies[-1][0]
+    monkeypatch.setattr(AdaptivePolicy, "from_cost_model", spy)
+    workloads = bench_rollout.build_workloads(
+        [tuple(PROMPTS[0])], (), [Request(tuple(PROMPTS[2]), SamplingParams(max_tokens=4))],
+        ("no_tail",), samples=3, max_tokens=4, trace_lengths=[4] * 3)
+    measured = measured_plans(plans_file, bench_rollout.TEMPERATURE)
+    result = bench_rollout.run(target, drafter, workloads, rounds=1, max_batch=2, always=CHAIN,
+                               measured=measured, progress=False, label="tiny")
+    detail = result["workloads"]["no_tail"]
+    assert detail["plans"] == [SAMPLED.key, CHAIN.key]
+    assert detail["plans_from"] == str(plans_file)
+    [(policy, fallback)] = policies
+    assert policy.plans == (SAMPLED, CHAIN)
+    assert fallback.rates == measured.cost_model(measured.plans).rates
+    assert policy.predict(1, 0, SAMPLED) == pytest.approx(18.0)  # 1.8 x plain's 10 tok/s
+    arms = set()
+    for run in detail["runs"]["adaptive"]:
+        column = run["step_trace"]["columns"].index("arm")
+        arms |= {step[column] for step in run["step_trace"]["rows"]}
+    assert arms and arms <= {"plain", SAMPLED.key, CHAIN.key}
+    json.dumps(result)
+    with pytest.raises(ValueError, match="sampled_drafts"):
+        bench_rollout.run(target, drafter, workloads, measured=measured, sampled_drafts=True)
+
+
+def test_bench_train_hands_the_file_to_its_runs(plans_file):
+    config = TrainOptions(plans_from=plans_file).train_config()
+    assert config.plans_from == plans_file
+    assert json.loads(json.dumps(config.as_record()))["plans_from"] == str(plans_file)
+
+
+def test_the_command_lines_name_plans_from(plans_file, tmp_path):
+    missing = str(tmp_path / "missing.json")
+    for command in (["train"], ["bench", "rollout"], ["bench", "train"]):
+        with pytest.raises(SystemExit, match="--plans-from: .*missing.json: no such file"):
+            main([*command, "--plans-from", missing, "--no-progress"])
+    with pytest.raises(SystemExit, match=r"--plans-from: .*no rows at temperature 1.0"):
+        greedy = tmp_path / "greedy.json"
+        greedy.write_text(json.dumps([r for r in ROWS if r["temperature"] == 0.0]))
+        main(["bench", "rollout", "--plans-from", str(greedy), "--no-progress"])
+    for command in (["train"], ["bench", "rollout"], ["bench", "train"]):
+        with pytest.raises(SystemExit, match="--sampled-drafts: with"):
+            main([*command, "--plans-from", str(plans_file), "--sampled-drafts",
+                  "--no-progress"])
