@@ -5,8 +5,10 @@ plan; its cells are (running-batch bucket x context-length bucket) (`StepBuckets
 step it picks the arm with the most committed tokens per second at the step's batch and
 context, by the loop's own steps in that cell (`ArmTable`: wall time of the whole step,
 drafting, verification and host reads included). Calibration (`CostModel`) only predicts how
-each arm's rate varies with batch and context; the loop's own steps set the level, and
-overrule it. After each step the engine tells it the `StepOutcome`, which goes into the table.
+each arm's rate varies with batch and context (where it timed nothing, a benchmark's measured
+rates can stand in: `fallback_model`, tlt_core.adaptive.measured_plans); the loop's own steps
+set the level, and overrule it. After each step the engine tells it the `StepOutcome`, which
+goes into the table.
 
 Never worse by construction:
 - exploration is conservative: an arm other than the best is tried only while its upper
@@ -124,10 +126,12 @@ class AdaptivePolicy:
                          batch_edges: Sequence[int] = DEFAULT_BATCH_EDGES,
                          context_edges: Sequence[int] = DEFAULT_CONTEXT_EDGES,
                          window: int = 32, prior_weight: float = 2.0, hysteresis: int = 8,
-                         tolerance: float = 0.03, max_tokens: int = 16) -> AdaptivePolicy:
+                         tolerance: float = 0.03, max_tokens: int = 16,
+                         fallback_model: CostModel | None = None) -> AdaptivePolicy:
         """Calibrates engine's step costs (CostModel) on calibration_requests at every other
         batch edge up to max_batch, and builds the policy on them (from_cost_model): the cost
-        model predicts each arm's rate at a step's batch and context."""
+        model predicts each arm's rate at a step's batch and context, fallback_model where
+        calibration timed no batch."""
         plans = tuple(plans)
         if not plans:
             raise ValueError("plans: need at least one draft plan to adapt over")
@@ -145,25 +149,30 @@ class AdaptivePolicy:
         return cls.from_cost_model(model, plans, max_batch, batch_edges=batch_edges,
                                    context_edges=context_edges, window=window,
                                    prior_weight=prior_weight, hysteresis=hysteresis,
-                                   tolerance=tolerance)
+                                   tolerance=tolerance, fallback_model=fallback_model)
 
     @classmethod
     def from_cost_model(cls, model: CostModel, plans: Sequence[DraftPlan], max_batch: int, *,
                         batch_edges: Sequence[int] = DEFAULT_BATCH_EDGES,
                         context_edges: Sequence[int] = DEFAULT_CONTEXT_EDGES,
                         window: int = 32, prior_weight: float = 2.0, hysteresis: int = 8,
-                        tolerance: float = 0.03) -> AdaptivePolicy:
+                        tolerance: float = 0.03, fallback_model: CostModel | None = None
+                        ) -> AdaptivePolicy:
         """A policy predicting with a cost model already measured (one calibration shared by
-        several policies on engines of the same model and config)."""
+        several policies on engines of the same model and config). fallback_model: the
+        prediction where `model` timed no batch (a benchmark's rates for every plan:
+        tlt_core.adaptive.measured_plans); with neither, no prediction: every arm alike until
+        measured."""
         buckets = StepBuckets.covering(max_batch, batch_edges, context_edges)
         table = ArmTable(len(buckets.batch_edges), len(buckets.context_edges) + 1,
                          len(plans) + 1, window=window, prior_weight=prior_weight)
+        predictor = model if model.batches else fallback_model
 
         def predict(batch: int, context: int, plan: DraftPlan | None) -> float:
-            return max(model.rate(batch, plan, context), 1e-9)
+            return max(predictor.rate(batch, plan, context), 1e-9)
 
-        # with nothing timed, no prediction: every arm alike until measured
-        return cls(plans, buckets, table, predict=predict if model.batches else flat,
+        return cls(plans, buckets, table,
+                   predict=predict if predictor is not None and predictor.batches else flat,
                    hysteresis=hysteresis, tolerance=tolerance, cost_model=model)
 
     # ---- PlanPolicy --------------------------------------------------------------------------

@@ -12,8 +12,9 @@ Modes, each on its own engine over the same model and drafter:
 - off: plain decoding, no drafter in the loop;
 - always: SD on every step with one plan (--always; default: the plan calibration predicts
   fastest at one row);
-- adaptive: `AdaptivePolicy` over plain decoding and the plans, its table carried from round
-  to round as from one RL step to the next;
+- adaptive: `AdaptivePolicy` over plain decoding and the plans (the built-in ones, or with
+  --plans-from the best per batch size of a `tlt bench speculative --json` file at T = 1), its
+  table carried from round to round as from one RL step to the next;
 - off_reseeded: SD off with another seed, the noise floor (on natural the samples and their
   lengths differ; on trace and no_tail only the tokens);
 - oracle, computed from the traces: the hindsight-best arm per cell (batch bucket x context
@@ -26,7 +27,8 @@ measured rounds with the modes interleaved, so machine noise hits them alike. A 
 SD off's: per token, so modes that sampled different lengths compare fairly.
 
 The JSON keeps, per workload, the calibration (the simulator's input, as `save_calibration`
-writes it) and every measured run: prompt and response lengths per sample and the step trace.
+writes it), the adaptive loop's plans (and the file they came from) and every measured run:
+prompt and response lengths per sample and the step trace.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from tqdm import tqdm
 
 from tlt_core.adaptive.buckets import StepBuckets
 from tlt_core.adaptive.cost_model import CostModel, calibrate
+from tlt_core.adaptive.measured_plans import MeasuredPlans
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
 from tlt_core.bench.length_trace import (DEFAULT_MEDIAN, DEFAULT_SIGMA, lognormal_lengths,
                                          load_lengths, tail_shape)
@@ -56,6 +59,7 @@ from tlt_core.engine.records import Request, RolloutResult, SamplingParams
 from tlt_core.sim.simulator import calibration_dict
 
 WORKLOADS = ("natural", "trace", "no_tail")
+TEMPERATURE = 1.0  # every workload samples as RL rollouts do
 MODES = RUN_MODES + ("oracle",)
 MIN_ORACLE_STEPS = 3  # an arm's steps in a cell before the oracle trusts its ratio there
 
@@ -85,7 +89,17 @@ class RolloutOptions:
                                 DEFAULT_SIGMA)
     sampled_drafts: bool = option("add sampled chains (each draft token drawn from the "
                                   "drafter's distribution) to the adaptive plans", False)
+    plans_from: Path | None = option("the adaptive plans from a `tlt bench speculative --json` "
+                                     "file: of its rows at the workloads' temperature (T = 1), "
+                                     "the plan with the highest speedup at each batch size it "
+                                     "measured (none: the built-in plans)", None, metavar="FILE")
     no_progress: bool = option("no progress bars", False)
+
+    def __post_init__(self):
+        if self.plans_from is not None and self.sampled_drafts:
+            raise ValueError("sampled_drafts: with --plans-from the file's plans are the "
+                             "adaptive loop's, sampled chains among them where they measured "
+                             "best; leave --sampled-drafts off")
 
 
 CLI_OPTIONS = (RolloutOptions, ModelOptions)
@@ -126,12 +140,12 @@ def build_workloads(prompts: Sequence[tuple[int, ...]], stop_ids: tuple[int, ...
         raise ValueError(f"trace: {len(lengths)} lengths for {len(rows)} rows; give at least "
                          f"{len(rows)}")
     shape = tail_shape(lengths)
-    natural = SamplingParams(temperature=1.0, max_tokens=max_tokens, stop_ids=stop_ids)
+    natural = SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens, stop_ids=stop_ids)
     build = {
         "natural": lambda: [Request(p, natural) for p in rows],
-        "trace": lambda: [Request(p, SamplingParams(temperature=1.0, max_tokens=n))
+        "trace": lambda: [Request(p, SamplingParams(temperature=TEMPERATURE, max_tokens=n))
                           for p, n in zip(rows, lengths)],
-        "no_tail": lambda: [Request(p, SamplingParams(temperature=1.0,
+        "no_tail": lambda: [Request(p, SamplingParams(temperature=TEMPERATURE,
                                                       max_tokens=shape["median"]))
                             for p in rows]}
     requests = {name: build[name]() for name in names}
@@ -154,7 +168,7 @@ def embedded_workloads(names: Sequence[str], options: RolloutOptions, seed: int 
                for i in range(8)]
     max_tokens = options.max_tokens or 7 * 63 + 16
     calibration = [Request(tokenizer.prompt_ids(p.prompt),
-                           SamplingParams(temperature=1.0, max_tokens=16))
+                           SamplingParams(temperature=TEMPERATURE, max_tokens=16))
                    for p in generate_problems(TaskConfig(seed=77, num_problems=4))]
     return build_workloads(prompts, (tokenizer.eos_id,), calibration, names,
                            max_tokens=max_tokens,
@@ -167,7 +181,8 @@ def model_workloads(model: ModelWorkload, names: Sequence[str], options: Rollout
     template unless --data), calibrated on 4 others."""
     max_tokens = options.max_tokens or 1024
     prompts = [r.prompt_ids for r in model.requests(8, SamplingParams())]
-    calibration = model.requests(4, SamplingParams(temperature=1.0, max_tokens=16), first=8)
+    calibration = model.requests(4, SamplingParams(temperature=TEMPERATURE, max_tokens=16),
+                                 first=8)
     return build_workloads(prompts, model.stop_ids, calibration, names, max_tokens=max_tokens,
                            trace_lengths=_trace_lengths(options, DEFAULT_MEDIAN, max_tokens))
 
@@ -181,10 +196,18 @@ def _trace_lengths(options: RolloutOptions, median: int, cap: int) -> list[int]:
 
 def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: int = 64,
         seed: int = 0, always: DraftPlan | None = None, sampled_drafts: bool = False,
-        progress: bool = True, label: str = EMBEDDED_LABEL) -> dict:
+        measured: MeasuredPlans | None = None, progress: bool = True,
+        label: str = EMBEDDED_LABEL) -> dict:
+    """measured: the adaptive loop's plans and fallback prediction from a `tlt bench
+    speculative` file (tlt_core.adaptive.measured_plans); None: the built-in plans, with
+    sampled chains under sampled_drafts."""
     if rounds < 1:
         raise ValueError(f"rounds: need at least one measured round, got {rounds}")
-    plans = DEFAULT_PLANS + (SAMPLED_PLANS if sampled_drafts else ())
+    if measured is not None and sampled_drafts:
+        raise ValueError("sampled_drafts: the measured plans are the adaptive loop's; leave "
+                         "sampled_drafts off")
+    plans = (measured.plans if measured is not None
+             else DEFAULT_PLANS + (SAMPLED_PLANS if sampled_drafts else ()))
     config = EngineConfig(max_batch=max_batch, max_len=workloads.max_len, seed=seed)
     engine = RolloutEngine(target, config, drafter)
     batches = sorted({b for b in (1, 4, 16, max_batch) if b <= max_batch})
@@ -194,12 +217,15 @@ def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: in
     rows, details = [], {}
     for workload, requests in workloads.requests.items():
         runs = _run_modes(target, drafter, config, requests, cost, plans, always, rounds,
-                          progress, f"rollout {workload}")
+                          progress, f"rollout {workload}",
+                          measured.cost_model(plans) if measured is not None else None)
         buckets = StepBuckets.covering(max_batch)
         oracle = hindsight_oracle(runs, buckets)
         rows += _rows(label, workload, runs, oracle, always)
         details[workload] = {
             "max_batch": max_batch, "always": always.key,
+            "plans": [plan.key for plan in plans],
+            "plans_from": None if measured is None else measured.source,
             "calibration": calibration_dict(cost, str(next(target.parameters()).device)),
             "calibration_s": cost.calibration_s,
             "trace_shape": workloads.trace_shape if workload == "trace" else None,
@@ -212,15 +238,17 @@ def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: in
 
 def _run_modes(target, drafter, config: EngineConfig, requests: list[Request], cost: CostModel,
                plans: tuple[DraftPlan, ...], always: DraftPlan, rounds: int, progress: bool,
-               desc: str) -> dict[str, list[RolloutResult]]:
+               desc: str, fallback_model: CostModel | None = None
+               ) -> dict[str, list[RolloutResult]]:
     """Every mode's measured results, modes interleaved round by round after one unmeasured
-    round."""
+    round; fallback_model: the adaptive loop's prediction where calibration timed nothing."""
     engines = {mode: RolloutEngine(target, replace(config, seed=config.seed + 1)
                                    if mode == "off_reseeded" else config,
                                    None if mode.startswith("off") else drafter)
                for mode in RUN_MODES}
     strategies = {"off": None, "off_reseeded": None, "always": always,
-                  "adaptive": AdaptivePolicy.from_cost_model(cost, plans, config.max_batch)}
+                  "adaptive": AdaptivePolicy.from_cost_model(cost, plans, config.max_batch,
+                                                             fallback_model=fallback_model)}
     results = {mode: [] for mode in RUN_MODES}
     bar = tqdm(total=(rounds + 1) * len(RUN_MODES), disable=not progress, unit="rollout",
                desc=desc)

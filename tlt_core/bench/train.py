@@ -41,7 +41,7 @@ Summary, each rate summed over the steps (total tokens / total seconds):
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -87,6 +87,10 @@ class TrainOptions:
     max_new_tokens: int | None = option("longest response (default: TrainConfig's)", None,
                                         metavar="N")
     sampled_drafts: bool = option("TLT's adaptive plans include sampled chains", False)
+    plans_from: Path | None = option("TLT's adaptive plans from a `tlt bench speculative --json` "
+                                     "file: of its rows at the runs' temperature (T = 1), the "
+                                     "plan with the highest speedup at each batch size it "
+                                     "measured (none: the built-in plans)", None, metavar="FILE")
     no_progress: bool = option("no progress bars", False)
 
     def __post_init__(self):
@@ -105,7 +109,8 @@ class TrainOptions:
         sizes = {name: getattr(self, name) for name in ("prompts_per_step", "samples_per_prompt",
                                                          "max_new_tokens")
                  if getattr(self, name) is not None}
-        return TrainConfig(steps=self.steps, sampled_drafts=self.sampled_drafts, **sizes)
+        return TrainConfig(steps=self.steps, sampled_drafts=self.sampled_drafts,
+                           plans_from=self.plans_from, **sizes)
 
 
 CLI_OPTIONS = (TrainOptions, ModelOptions)
@@ -173,7 +178,7 @@ def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True,
     bar.close()
     workload = ({"name": "natural"} if trace is None else
                 {"name": "trace", "lengths": trace.source})
-    return {"model": label, "workload": workload, "config": asdict(config), "rows": rows,
+    return {"model": label, "workload": workload, "config": config.as_record(), "rows": rows,
             "summary": summarize(rows)}
 
 

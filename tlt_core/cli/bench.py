@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tlt_core.adaptive.measured_plans import MeasuredPlans, measured_plans
 from tlt_core.bench import drafter as bench_drafter
 from tlt_core.bench import engine as bench_engine
 from tlt_core.bench import kernels as bench_kernels
@@ -55,6 +56,14 @@ def model_workload(args: argparse.Namespace, command: str, *,
         return load_model_workload(args.model, placement, drafter=args.drafter, data=args.data)
     except (FileNotFoundError, ImportError, ValueError) as error:
         raise SystemExit(f"{command}: {error}") from None
+
+
+def _plans_from(path: Path, temperature: float, command: str) -> MeasuredPlans:
+    """--plans-from's file read at the run's temperature; its errors name the flag."""
+    try:
+        return measured_plans(path, temperature)
+    except (FileNotFoundError, ValueError) as error:  # it names the file and the row
+        raise SystemExit(f"{command}: --plans-from: {error}") from None
 
 
 def _workload_config(defaults: PerWorkload, args: argparse.Namespace, command: str):
@@ -203,6 +212,8 @@ def run_rollout(args: argparse.Namespace) -> int:
     except ValueError as error:  # "workload: ..." / "strategy: ..."
         flag = "--workload" if str(error).startswith("workload") else "--always"
         raise SystemExit(f"{command}: {flag}: {str(error).partition(': ')[2]}") from None
+    measured = (None if options.plans_from is None else
+                _plans_from(options.plans_from, bench_rollout.TEMPERATURE, command))
     model = (load_embedded(progress=not args.no_progress) if args.model is None
              else model_workload(args, command, needs_drafter=True))
     try:
@@ -213,7 +224,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     label = EMBEDDED_LABEL if args.model is None else model.label
     result = bench_rollout.run(model.target, model.drafter, workloads, rounds=options.rounds,
                                always=always, sampled_drafts=options.sampled_drafts,
-                               progress=not options.no_progress, label=label)
+                               measured=measured, progress=not options.no_progress, label=label)
     print(bench_rollout.format_table(result))
     if options.plot is not None:
         bench_rollout.plot(result, options.plot)
@@ -228,7 +239,10 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         config = options.train_config()
     except ValueError as error:  # "steps: ..." -> "--steps: ..."
-        raise SystemExit(f"{command}: --{str(error).replace('_', '-')}") from None
+        name, _, why = str(error).partition(": ")
+        raise SystemExit(f"{command}: --{name.replace('_', '-')}: {why}") from None
+    if config.plans_from is not None:  # before a model loads
+        _plans_from(config.plans_from, config.temperature, command)
     trace = None
     if options.workload == "trace":
         try:

@@ -31,7 +31,7 @@ import argparse
 import contextlib
 import os
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch.distributed as dist
@@ -40,6 +40,7 @@ from tqdm import tqdm
 from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_arguments,
                                         placement_from_args)
 from tlt_core.cli.local_ranks import run_local_ranks, under_a_launcher
+from tlt_core.adaptive.measured_plans import measured_plans
 from tlt_core.cli.options import add_dataclass_arguments, dataclass_from_args
 from tlt_core.embedded.workload import train_inputs
 from tlt_core.outputs.metrics import MetricsWriter, tensorboard_available
@@ -225,6 +226,11 @@ def _check_arguments(args: argparse.Namespace, config: TrainConfig) -> None:
                                or args.dtype not in ("auto", "float32")):
         raise SystemExit("tlt train: the embedded task runs in float32 on the CPU; "
                          "--device / --dtype apply to --model")
+    if config.tlt and config.plans_from is not None:  # before a model loads
+        try:
+            measured_plans(config.plans_from, config.temperature)
+        except (FileNotFoundError, ValueError) as error:  # it names the file and the row
+            raise SystemExit(f"tlt train: --plans-from: {error}") from None
     for flag, value, least in (("--keep-checkpoints", args.keep_checkpoints, 1),
                                ("--save-every", args.save_every, 0),
                                ("--nproc", 1 if args.nproc is None else args.nproc, 1)):
@@ -342,7 +348,7 @@ def _metrics_writer(folder: Path, config: TrainConfig, args: argparse.Namespace,
             wandb = WandbSettings(args.wandb_project, mode=args.wandb_mode,
                                   run_name=f"{name}-baseline" if nested else name,
                                   group=name if args.compare else None,
-                                  config=asdict(config))
+                                  config=config.as_record())
         except ValueError as error:  # "project: must be ...": the flag is --wandb-project
             setting, _, why = str(error).partition(": ")
             raise SystemExit(f"tlt train: --wandb-{setting.replace('_', '-')}: {why}") from None

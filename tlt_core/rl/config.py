@@ -6,7 +6,8 @@ tlt_core.config_flags), validated in `__post_init__` with messages that name the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from tlt_core.config_flags import option
 from tlt_core.rl.advantages import REWARD_SCALINGS
@@ -96,6 +97,12 @@ class TrainConfig:
                                   "token drawn from the drafter's distribution, accepted with 1 -"
                                   " TV(target, drafter) at T > 0 (deterministic drafts: with the "
                                   "target's probability of it)", False)
+    plans_from: Path | None = option("the adaptive loop's draft plans from a `tlt bench "
+                                     "speculative --json` file: of its rows at this run's "
+                                     "temperature, the plan with the highest speedup at each "
+                                     "batch size it measured; its rates predict where "
+                                     "calibration timed nothing (none: the built-in plans, "
+                                     "with --sampled-drafts' chains)", None, metavar="FILE")
     # The log-probs PPO's ratio divides by: "rollout" (the engine's, free; exact in float32),
     # "recompute" (the trainer's own pass before the update, as veRL does), "auto" (recompute
     # when the policy is not float32: in bf16 the engine's fused inference pass and the
@@ -110,6 +117,12 @@ class TrainConfig:
     eval_samples: int = option("samples per held-out prompt (pass@k for k up to this)", 4)
     pass_threshold: float = option("a held-out sample passes when its reward is at least this",
                                    1.0)
+
+    def as_record(self) -> dict:
+        """Every field as JSON data (a checkpoint's config, a benchmark file's, wandb's): paths
+        as text."""
+        return {name: str(value) if isinstance(value, Path) else value
+                for name, value in asdict(self).items()}
 
     @property
     def critic_peak_lr(self) -> float:
@@ -144,6 +157,15 @@ class TrainConfig:
                              f"{self.pass_threshold!r}")
         if self.critic_layers is not None:
             _check_int(self, "critic_layers", 1)
+        if isinstance(self.plans_from, str):
+            object.__setattr__(self, "plans_from", Path(self.plans_from))
+        if self.plans_from is not None and not isinstance(self.plans_from, Path):
+            raise ValueError(f"plans_from: a path to a `tlt bench speculative --json` file, got "
+                             f"{self.plans_from!r}")
+        if self.plans_from is not None and self.sampled_drafts:
+            raise ValueError("sampled_drafts: with plans_from (--plans-from) the file's plans "
+                             "are the adaptive loop's, sampled chains among them where they "
+                             "measured best; leave sampled_drafts off")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")

@@ -37,6 +37,11 @@ One step:
    (tlt_core.persistence.checkpoint_io: safetensors and JSON, no pickle, atomic, the newest K kept),
    `resume` reads one back.
 
+The adaptive loop's plans: the built-in ones (DEFAULT_PLANS, with SAMPLED_PLANS under
+`sampled_drafts`), or with `plans_from` the best plan per batch size of a `tlt bench
+speculative --json` file at the run's temperature (tlt_core.adaptive.measured_plans); suffix-
+match plans beside either under `suffix_drafts`.
+
 The learning rate follows tlt_core.optim.schedule (warm-up, then constant or cosine), per step.
 
 Forced lengths (`forced_lengths`, for benchmarks such as `tlt bench train --workload trace`): a
@@ -62,15 +67,17 @@ import math
 import numbers
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from tlt_core.adaptive.measured_plans import MeasuredPlans, measured_plans
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
 from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import (Request, SamplingParams, seconds_at_or_below,
@@ -190,12 +197,12 @@ class RLDriver:
         self.watchdog = DrafterWatchdog(self.drafter) if self.drafter is not None else None
         self.adaptive = None
         if config.tlt:
-            plans = (DEFAULT_PLANS + (SAMPLED_PLANS if config.sampled_drafts else ())
-                     + ((SuffixMatch(8), SuffixMatch(16)) if config.suffix_drafts else ()))
+            plans, measured = _adaptive_plans(config)
             calibration_requests = [self._request(p, min(16, config.max_new_tokens), 0, i, n=1)
                                     for i, p in enumerate(calibration or self.prompts[:4])]
-            self.adaptive = AdaptivePolicy.from_calibration(self.engine, plans,
-                                                            calibration_requests)
+            self.adaptive = AdaptivePolicy.from_calibration(
+                self.engine, plans, calibration_requests,
+                fallback_model=measured.cost_model(plans) if measured else None)
         # calibration runs for the first step: its seconds are that step's
         self._calibration_s = self.adaptive.cost_model.calibration_s if self.adaptive else 0.0
         self.state = TrainState()
@@ -623,7 +630,7 @@ class RLDriver:
         """What evolves, and what a reader of the checkpoint needs to rebuild the policy:
         `model_config` (its config.json dict; None for a policy that is not a tlt_core
         Transformer) and `stop_ids` (the ids that end a response)."""
-        state = {"step": self.state.step, "config": asdict(self.config),
+        state = {"step": self.state.step, "config": self.config.as_record(),
                  "history": list(self.state.history),
                  "model_config": _model_config(self.policy), "stop_ids": list(self.stop_ids),
                  "policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -644,10 +651,11 @@ class RLDriver:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        saved = {k: v for k, v in state["config"].items() if k != "steps"}
-        mine = {k: v for k, v in asdict(self.config).items() if k != "steps"}
-        if saved != mine:
-            changed = sorted(k for k in mine if saved.get(k) != mine[k])
+        # an option the checkpoint's config lacks is newer than it: it ran at the default
+        defaults, mine = TrainConfig().as_record(), self.config.as_record()
+        changed = sorted(k for k in mine if k != "steps"
+                         and state["config"].get(k, defaults[k]) != mine[k])
+        if changed:
             raise ValueError(f"checkpoint: saved under another config ({', '.join(changed)} "
                              "differ); resume with the same settings (only steps may change)")
         saved_model, my_model = state.get("model_config") or {}, _model_config(self.policy) or {}
@@ -691,6 +699,26 @@ class RLDriver:
         except FileNotFoundError as error:
             raise FileNotFoundError(f"resume: {error}") from None
         self.load_state_dict(state)
+
+
+def _adaptive_plans(config: TrainConfig) -> tuple[tuple[DraftPlan, ...], MeasuredPlans | None]:
+    """The adaptive loop's plans, and what plans_from's file measured (None without one): the
+    file's best plans at the run's temperature, else the built-in ones (with sampled chains
+    under sampled_drafts); suffix-match plans beside either under suffix_drafts (a benchmark's
+    requests have no siblings to copy drafts from, so the file cannot rank them)."""
+    measured = None
+    if config.plans_from is not None:
+        try:
+            measured = measured_plans(config.plans_from, config.temperature)
+        except (FileNotFoundError, ValueError) as error:  # it names the file and the row
+            raise ValueError(f"plans_from: {error}") from None
+        plans = measured.plans
+    else:
+        plans = DEFAULT_PLANS + (SAMPLED_PLANS if config.sampled_drafts else ())
+    if config.suffix_drafts:
+        keys = {plan.key for plan in plans}
+        plans += tuple(plan for plan in (SuffixMatch(8), SuffixMatch(16)) if plan.key not in keys)
+    return plans, measured
 
 
 def _model_config(policy: torch.nn.Module) -> dict | None:
