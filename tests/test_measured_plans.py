@@ -31,8 +31,8 @@ def row(batch, plan, speedup, temperature=1.0, acceptance=2.0, plain_tok_s=None)
     """A row as `tlt bench speculative --json` writes it (the fields this module reads, and
     some it does not)."""
     plain = plain_tok_s if plain_tok_s is not None else 10.0 * batch
-    return {"batch": batch, "strategy": plan.key, "acceptance_length": acceptance,
-            "sd_tok_s": plain * speedup, "plain_tok_s": plain, "speedup": speedup,
+    return {"batch": batch, "plan": plan.key, "acceptance_length": acceptance,
+            "sd_tok_s": plain * speedup, "plain_tok_s": plain, "speedup_vs_plain": speedup,
             "temperature": temperature, "requests": 2 * batch, "tokens": 100,
             "model": "tiny (float32)", "greedy_equal": None}
 
@@ -125,16 +125,17 @@ _DROP = object()
                      r"speculative --json FILE` writes"),
     ([], "rows: holds no rows"),
     (["(3,1,4)"], r"rows\[0\] is a str, expected a row of `tlt bench speculative"),
-    (_with(2, speedup=_DROP), r"rows\[2\] has no 'speedup'"),
-    (_with(0, batch=_DROP, strategy=_DROP), r"rows\[0\] has no 'batch', 'strategy'"),
+    (_with(2, speedup_vs_plain=_DROP), r"rows\[2\] has no 'speedup_vs_plain'"),
+    (_with(0, batch=_DROP, plan=_DROP), r"rows\[0\] has no 'batch', 'plan'"),
     (_with(3, batch=0), r"rows\[3\]: 'batch' must be an int >= 1, got 0"),
-    (_with(1, speedup=math.nan), r"rows\[1\]: 'speedup' must be a finite number > 0"),
+    (_with(1, speedup_vs_plain=math.nan),
+     r"rows\[1\]: 'speedup_vs_plain' must be a finite number > 0"),
     (_with(1, plain_tok_s=-1.0), r"rows\[1\]: 'plain_tok_s' must be a finite number > 0"),
-    (_with(5, strategy="(3,1)"), r"rows\[5\]: 'strategy': '\(3,1\)' is no shipped plan's key"),
-    (_with(4, temperature=0.0, strategy=TREE.key, batch=1),
+    (_with(5, plan="(3,1)"), r"rows\[5\]: 'plan': '\(3,1\)' is no shipped plan's key"),
+    (_with(4, temperature=0.0, plan=TREE.key, batch=1),
      r"rows\[4\] and rows\[9\] both measure \(3,2,6\) at batch 1"),
     (_with(6, model="other (bfloat16)"), r"several models \(other \(bfloat16\), tiny"),
-], ids=["not_a_list", "empty", "not_a_row", "no_speedup", "no_batch_strategy", "bad_batch",
+], ids=["not_a_list", "empty", "not_a_row", "no_speedup", "no_batch_plan", "bad_batch",
         "nan_speedup", "bad_plain_rate", "unknown_plan", "duplicate", "two_models"])
 def test_bad_rows_are_named(rows, match):
     with pytest.raises(ValueError, match=match):

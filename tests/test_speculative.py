@@ -290,8 +290,13 @@ def test_speculative_benchmark_rows(tmp_path):
     drafter = Drafter(target).eval()
     rows = bench.run(target, drafter, batches=(1, 2), strategies=(Strategy(3, 1, 4),),
                      temperature=0.0, reps=1, max_tokens=12, progress=False)
-    assert [(r.batch, r.strategy) for r in rows] == [(1, "(3,1,4)"), (2, "(3,1,4)")]
+    assert [(r.batch, r.plan) for r in rows] == [(1, "(3,1,4)"), (2, "(3,1,4)")]
     assert all(r.sd_tok_s > 0 and r.plain_tok_s > 0 and r.acceptance_length >= 1 for r in rows)
+    for r in rows:  # what the result files name: the step in plain steps, the dtype
+        assert r.speedup_vs_plain == pytest.approx(r.sd_tok_s / r.plain_tok_s)
+        assert r.step_x_plain == pytest.approx(
+            (r.draft_ms + r.verify_ms + r.accept_ms) / r.plain_step_ms)
+        assert r.dtype == "float32"
     bench.plot(rows, tmp_path / "speedup.png")
     assert (tmp_path / "speedup.png").stat().st_size > 0
     assert bench.parse_strategy("(6,8,32)") == Strategy(6, 8, 32)

@@ -3,8 +3,8 @@ the bench measured, the plan with the highest speedup over plain decoding, and t
 rates as a prediction.
 
 A file is a JSON list of the bench's rows (`tlt_core.bench.speculative.SpeculativeCase`), one
-per (batch, plan). A row needs `batch`, `strategy` (a plan key, tlt_core.drafting.plan_keys),
-`temperature`, `speedup` (SD tokens per second over plain decoding's) and `plain_tok_s`;
+per (batch, plan). A row needs `batch`, `plan` (a plan key, tlt_core.drafting.plan_keys),
+`temperature`, `speedup_vs_plain` (SD tokens per second over plain decoding's) and `plain_tok_s`;
 `acceptance_length` breaks ties, `model` must be the same in every row. Only the rows at the
 run's temperature count: at T = 0 (greedy) a draft token is accepted when it is the target's
 argmax, at T > 0 (sampled) with the target's probability of it, or 1 - TV(target, drafter) for
@@ -45,9 +45,9 @@ from tlt_core.adaptive.cost_model import PLAIN_KEY, CostModel
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.plan_keys import plan_from_key
 
-REQUIRED = ("batch", "strategy", "temperature", "speedup", "plain_tok_s")
-ROW = ("a row of `tlt bench speculative --json FILE` (an object with batch, strategy, "
-       "temperature, speedup, plain_tok_s)")
+REQUIRED = ("batch", "plan", "temperature", "speedup_vs_plain", "plain_tok_s")
+ROW = ("a row of `tlt bench speculative --json FILE` (an object with batch, plan, "
+       "temperature, speedup_vs_plain, plain_tok_s)")
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def _checked(row: object, where: str) -> _Row:
     batch = row["batch"]
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"{where}: 'batch' must be an int >= 1, got {batch!r}")
-    for name, least in (("temperature", 0.0), ("speedup", None), ("plain_tok_s", None)):
+    for name, least in (("temperature", 0.0), ("speedup_vs_plain", None), ("plain_tok_s", None)):
         value = row[name]
         if not (_is_number(value) and math.isfinite(value)
                 and (value >= least if least is not None else value > 0)):
@@ -166,10 +166,10 @@ def _checked(row: object, where: str) -> _Row:
         raise ValueError(f"{where}: 'acceptance_length' must be a finite number, got "
                          f"{acceptance!r}")
     try:
-        plan = plan_from_key(row["strategy"])
+        plan = plan_from_key(row["plan"])
     except ValueError as error:  # "key: 'x' is no shipped plan's key (...)"
-        raise ValueError(f"{where}: 'strategy': {str(error).partition(': ')[2]}") from None
-    return _Row(batch, plan, float(row["temperature"]), float(row["speedup"]),
+        raise ValueError(f"{where}: 'plan': {str(error).partition(': ')[2]}") from None
+    return _Row(batch, plan, float(row["temperature"]), float(row["speedup_vs_plain"]),
                 float(row["plain_tok_s"]), float(acceptance or 0.0))
 
 

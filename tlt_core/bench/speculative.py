@@ -51,8 +51,9 @@ DEFAULT_STRATEGIES = (Strategy(6, 1, 7), Strategy(8, 1, 9), Strategy(12, 1, 13),
 @dataclass(frozen=True)
 class SpeculativeOptions:
     """`tlt bench speculative`: batch sizes, strategies and requests of the comparison."""
-    json: Path | None = option("write rows (batch, strategy, acceptance_length, sd_tok_s, "
-                               "plain_tok_s, speedup, ...) as JSON", None, metavar="FILE")
+    json: Path | None = option("write rows (batch, plan, acceptance_length, sd_tok_s, "
+                               "plain_tok_s, speedup_vs_plain, step_x_plain, ...) as JSON",
+                               None, metavar="FILE")
     plot: Path | None = option("plot speedup against batch size per strategy", None,
                                metavar="PNG")
     batch: tuple[int, ...] = option("batch sizes (the engine's max running rows)",
@@ -82,11 +83,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 @dataclass(frozen=True)
 class SpeculativeCase:
     batch: int
-    strategy: str
+    plan: str  # the draft plan's key
     acceptance_length: float
     sd_tok_s: float
     plain_tok_s: float
-    speedup: float
+    speedup_vs_plain: float  # sd_tok_s / plain_tok_s
     temperature: float
     requests: int
     tokens: int  # generated per run (same for both under exact greedy)
@@ -103,6 +104,9 @@ class SpeculativeCase:
     verify_ms: float = 0.0
     accept_ms: float = 0.0
     plain_step_ms: float = 0.0
+    # a speculative step (draft + verify + accept) in plain steps
+    step_x_plain: float = 0.0
+    dtype: str = "float32"  # the target's
 
 
 def parse_strategy(text: str) -> DraftPlan:
@@ -175,12 +179,14 @@ def run(target: Transformer, drafter: Drafter, batches=(1, 4, 16, 64),
             steps = [step for r in runs for step in r.spec_steps]
             profile = {name: 1e3 * statistics.mean(getattr(step, name + "_s") for step in steps)
                        for name in ("draft", "verify", "accept")}
+            plain_step_ms = 1e3 * plain_s / max(plain_steps, 1)
             results.append(SpeculativeCase(
                 batch, strategy.key, statistics.mean(r.acceptance_length for r in runs),
                 sd_rate, plain_rate, sd_rate / plain_rate, temperature, len(requests),
                 sd_tokens, label, acceptance_by_position(steps), equal, divergence,
-                profile["draft"], profile["verify"], profile["accept"],
-                1e3 * plain_s / max(plain_steps, 1)))
+                profile["draft"], profile["verify"], profile["accept"], plain_step_ms,
+                sum(profile.values()) / plain_step_ms,
+                str(next(target.parameters()).dtype).removeprefix("torch.")))
     bar.close()
     return results
 
@@ -204,14 +210,16 @@ def as_rows(results: list[SpeculativeCase]) -> list[dict]:
 
 def format_table(results: list[SpeculativeCase]) -> str:
     lines = [f"model: {results[0].model}, T={results[0].temperature}" if results else "",
-             f"{'batch':>6} {'strategy':>12}{'accept':>8}{'sd_tok_s':>10}{'plain_tok_s':>12}"
-             f"{'speedup':>9}{'greedy=':>9}   step ms: draft verify accept | plain"]
+             f"{'batch':>6} {'plan':>12}{'accept':>8}{'sd_tok_s':>10}{'plain_tok_s':>12}"
+             f"{'speedup':>9}{'greedy=':>9}   step ms: draft verify accept | plain"
+             f" | x plain"]
     for r in results:
         equal = "" if r.greedy_equal is None else f"{r.greedy_equal:.0%}"
-        lines.append(f"{r.batch:>6} {r.strategy:>12}{r.acceptance_length:>8.2f}"
-                     f"{r.sd_tok_s:>10.0f}{r.plain_tok_s:>12.0f}{r.speedup:>8.2f}x{equal:>9}"
+        lines.append(f"{r.batch:>6} {r.plan:>12}{r.acceptance_length:>8.2f}"
+                     f"{r.sd_tok_s:>10.0f}{r.plain_tok_s:>12.0f}{r.speedup_vs_plain:>8.2f}x"
+                     f"{equal:>9}"
                      f"{r.draft_ms:>17.1f}{r.verify_ms:>7.1f}{r.accept_ms:>7.1f} |"
-                     f"{r.plain_step_ms:>6.1f}")
+                     f"{r.plain_step_ms:>6.1f} |{r.step_x_plain:>7.2f}")
     return "\n".join(lines)
 
 
@@ -223,9 +231,10 @@ def plot(results: list[SpeculativeCase], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for strategy in dict.fromkeys(r.strategy for r in results):
-        rows = [r for r in results if r.strategy == strategy]
-        ax.plot([r.batch for r in rows], [r.speedup for r in rows], marker="o", label=strategy)
+    for plan in dict.fromkeys(r.plan for r in results):
+        rows = [r for r in results if r.plan == plan]
+        ax.plot([r.batch for r in rows], [r.speedup_vs_plain for r in rows], marker="o",
+                label=plan)
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size (running rows)")
