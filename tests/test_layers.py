@@ -5,6 +5,8 @@ sources with `ast`, so the rule holds for code no test executes."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,8 @@ LAYERS = ("_C", "_version", "config_flags", "ops", "persistence", "optim", "mode
 EMBEDDED_USERS = ("embedded", "bench", "cli")
 # Optional third-party dependencies (or version-dependent standard modules), which may be
 # imported where they are used: everything else is imported at module top.
-LAZY_IMPORTS = ("cupy", "datasets", "matplotlib", "pyarrow", "scipy", "tomli", "tomllib",
+LAZY_IMPORTS = ("cupy", "datasets", "math_verify", "matplotlib", "pyarrow", "scipy", "tomli",
+                "tomllib",
                 "torch.utils.tensorboard", "transformers", "trl", "wandb", "yaml")
 
 
@@ -100,6 +103,18 @@ def test_imports_go_down_the_layers(module):
         if imported.split(".")[1] == "embedded":
             assert module.split(".")[1] in EMBEDDED_USERS, (
                 f"{module}:{line} imports the embedded workload; only {EMBEDDED_USERS} may")
+
+
+def test_the_package_imports_without_its_optional_dependencies():
+    """What embeds the kernels or the engine (a GPU box, another RL framework) needs neither
+    the answer grader's grammar nor the plotting and logging libraries."""
+    blocked = ["math_verify", "matplotlib", "wandb", "transformers", "trl", "datasets"]
+    script = ("import sys\n"
+              f"for name in {blocked!r}: sys.modules[name] = None\n"
+              "import tlt_core, tlt_core.ops, tlt_core.engine, tlt_core.rl, tlt_core.cli.main\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

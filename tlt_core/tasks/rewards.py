@@ -41,9 +41,8 @@ import re
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
 from typing import Callable, NamedTuple, Sequence
-
-import math_verify
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -67,7 +66,6 @@ _SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
 _LATEX_AT_END = re.compile(r"(?s)(?:\$\$([^$]+)\$\$|\$([^$]+)\$"
                            r"|\\\[((?:(?!\\\]).)+)\\\]|\\\(((?:(?!\\\)).)+)\\\))[\s.!]*$")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
-_LATEX_CONFIG = (math_verify.LatexExtractionConfig(),)
 
 
 class _Found(NamedTuple):
@@ -176,10 +174,20 @@ def _timeout_s() -> int | None:
     return TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
+@cache
+def _math_verify():
+    """math-verify and its latex extraction config, imported when an answer first needs it:
+    what imports tlt_core (the kernels, the engine) does not need math-verify's grammar."""
+    import math_verify
+
+    return math_verify, (math_verify.LatexExtractionConfig(),)
+
+
 def _parse(answer: str, timeout_s: int | None) -> list:
     # The answer is already cut out of the response: parse all of it as one latex expression.
     # no_fallback: an unparsable answer yields nothing rather than its raw string.
-    return math_verify.parse(f"${answer}$", _LATEX_CONFIG, fallback_mode="no_fallback",
+    math_verify, latex = _math_verify()
+    return math_verify.parse(f"${answer}$", latex, fallback_mode="no_fallback",
                              parsing_timeout=timeout_s)
 
 
@@ -194,7 +202,7 @@ def _equivalent(answer: str, reference: str) -> bool:
     try:
         gold, predicted = _parse(theirs, timeout_s), _parse(ours, timeout_s)
         return bool(gold and predicted
-                    and math_verify.verify(gold, predicted, timeout_seconds=timeout_s))
+                    and _math_verify()[0].verify(gold, predicted, timeout_seconds=timeout_s))
     except Exception:  # noqa: BLE001 - a grammar this large can fail on one odd answer:
         return False  # that costs the answer its reward, never the batch
 
