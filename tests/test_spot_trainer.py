@@ -67,6 +67,22 @@ def test_spot_steps_are_the_unrolled_objective_of_its_config(target, harvest):
         assert torch.equal(a, b), name
 
 
+def test_the_rl_driver_spot_trains_with_the_configs_unroll(target):
+    """`tlt train --drafter-unroll N` reaches the spot trainer; a bad value names the field."""
+    from tlt_core.rl.driver import RLDriver, TrainConfig
+    from tlt_core.tasks.inputs import Prompt
+
+    config = TrainConfig(steps=1, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6,
+                         minibatch_size=4, max_batch=4, suffix_drafts=False, drafter_unroll=3)
+    prompts = [Prompt(str(p), tuple(p), "7") for p in PROMPTS[:2]]
+    driver = RLDriver(target, prompts, lambda prompt, response, reference: 0.0,
+                      lambda ids: " ".join(map(str, ids)), (), config,
+                      drafter=fresh_drafter(target))
+    assert driver.spot_config.unroll == 3  # the trainer's, where other ranks run beside
+    with pytest.raises(ValueError, match="^drafter_unroll"):
+        TrainConfig(drafter_unroll=0)
+
+
 def test_preempted_within_one_step_of_the_signal(target, harvest):
     trainer = SpotTrainer(fresh_drafter(target), harvest, SpotConfig(batch_tokens=256))
     calls = []

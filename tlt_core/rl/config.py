@@ -97,6 +97,10 @@ class TrainConfig:
                                   "token drawn from the drafter's distribution, accepted with 1 -"
                                   " TV(target, drafter) at T > 0 (deterministic drafts: with the "
                                   "target's probability of it)", False)
+    drafter_unroll: int = option("drafting steps the spot trainer unrolls each position over "
+                                 "(EAGLE-3's training-time test, as `tlt drafter train "
+                                 "--unroll`); 1: teacher-forced only; a step costs about this "
+                                 "many times more", 1)
     plans_from: Path | None = option("the adaptive loop's draft plans from a `tlt bench "
                                      "speculative --json` file: of its rows at this run's "
                                      "temperature, the plan with the highest speedup at each "
@@ -132,7 +136,7 @@ class TrainConfig:
     def __post_init__(self):
         positive = ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
                     "minibatch_size", "micro_batch_tokens", "ppo_epochs", "max_batch",
-                    "eval_samples")
+                    "eval_samples", "drafter_unroll")
         for name in positive:
             _check_int(self, name, 1)
         for name in ("warmup_steps", "max_refill_rounds", "overlong_buffer_len", "eval_every"):

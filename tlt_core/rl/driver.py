@@ -192,8 +192,9 @@ class RLDriver:
         spot = self.drafter is not None and self.group.world_size > 1
         self.harvest = HarvestBuffer(max_bytes=64 << 20) if spot else None
         self.engine = RolloutEngine(policy, engine_config, self.drafter, self.harvest)
-        self.spot = (SpotTrainer(self.drafter, self.harvest, SpotConfig(seed=config.seed))
-                     if spot else None)
+        # the spot trainer's settings (it runs only beside other ranks: one finishes first)
+        self.spot_config = SpotConfig(seed=config.seed, unroll=config.drafter_unroll)
+        self.spot = SpotTrainer(self.drafter, self.harvest, self.spot_config) if spot else None
         self.watchdog = DrafterWatchdog(self.drafter) if self.drafter is not None else None
         self.adaptive = None
         if config.tlt:
