@@ -23,6 +23,14 @@ def tiny_target(vocab: int = VOCAB, seed: int = 0, sharpen: float = 8.0) -> Tran
     return model
 
 
+def tiny_target_with_a_final_norm() -> Transformer:
+    """tiny_target with a final norm that is not the identity, so misplacing it shows."""
+    target = tiny_target()
+    with torch.no_grad():
+        target.model.norm.weight.uniform_(0.5, 1.5)
+    return target
+
+
 def train_drafter(target: Transformer, steps: int = 150, draft_to_target=None,
                   **config) -> Drafter:
     """A drafter trained briefly on the target's own greedy continuations of random prompts;

@@ -15,17 +15,15 @@ from tlt_core.workers.harvest import HarvestBuffer
 from tlt_core.drafting.tree import Strategy
 from tlt_core.workers.spot_trainer import SpotConfig, SpotTrainer
 
-from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
+from tests.speculative_fixtures import (PROMPTS, VOCAB, tiny_target,
+                                        tiny_target_with_a_final_norm, train_drafter)
 
 FORMS = ("tlt", "eagle")
 
 
 @pytest.fixture(scope="module")
 def target():
-    target = tiny_target()
-    with torch.no_grad():  # a final norm that is not the identity, so misplacing it shows
-        target.model.norm.weight.uniform_(0.5, 1.5)
-    return target
+    return tiny_target_with_a_final_norm()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.warmup.config import OfflineConfig
 from tlt_core.workers.spot_trainer import SpotConfig
 
-from tests.speculative_fixtures import VOCAB, tiny_target
+from tests.speculative_fixtures import VOCAB, tiny_target, tiny_target_with_a_final_norm
 
 UNROLL = 4
 LENGTH = 14  # T of the two full-length sequences; a third, shorter one pads the batch
@@ -27,10 +27,7 @@ DRAFTERS = {"eagle": {}, "tlt fused": {"feature_layers": (0, -1)},
 
 @pytest.fixture(scope="module")
 def target():
-    target = tiny_target()
-    with torch.no_grad():  # a final norm that is not the identity, so misplacing it shows
-        target.model.norm.weight.uniform_(0.5, 1.5)
-    return target
+    return tiny_target_with_a_final_norm()
 
 
 def fresh_drafter(target, seed=0, **config) -> Drafter:
