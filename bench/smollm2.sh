@@ -69,8 +69,10 @@ for stage in "${STAGES[@]}"; do
       tlt bench simulate --rollout "$RESULTS/rollout_smollm2_bf16_cpu.json" \
         --json "$RESULTS/simulate_rollout_smollm2_bf16_cpu.json" ;;
     train)
+      # 32 engine rows a run: the three runs' float32 KV caches (1.7 GB each at 1,024-token
+      # responses) and optimizer states fit in 24 GB; 64 rows ran out of memory
       tlt bench train "${COMMON[@]}" --workload trace --steps 4 --prompts-per-step 16 \
-        --samples-per-prompt 8 --max-new-tokens 1024 --sampled-drafts \
+        --samples-per-prompt 8 --max-new-tokens 1024 --max-batch 32 --sampled-drafts \
         --json "$RESULTS/train_smollm2_bf16_cpu.json" ;;
     drafter_bench)
       tlt bench drafter "${COMMON[@]}" --json "$RESULTS/drafter_smollm2_bf16_cpu.json" ;;

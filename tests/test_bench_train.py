@@ -139,3 +139,11 @@ def test_bad_workload_and_trace_file_are_named(tmp_path, capsys):
         main(["bench", "train", "--trace-file", str(negative)])
     with pytest.raises(SystemExit, match="--trace-sigma: must be >= 0"):
         main(["bench", "train", "--workload", "trace", "--trace-sigma", "-1"])
+
+
+def test_the_runs_engine_rows_can_be_set_and_a_bad_value_is_named():
+    """--max-batch sizes each run's engine (its KV cache: the three runs hold theirs at once)."""
+    assert TrainOptions(max_batch=16).train_config().max_batch == 16
+    assert TrainOptions().train_config().max_batch == TrainConfig().max_batch
+    with pytest.raises(ValueError, match="^max_batch: must be an int >= 1"):
+        TrainOptions(max_batch=0).train_config()

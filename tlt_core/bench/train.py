@@ -86,6 +86,9 @@ class TrainOptions:
                                             metavar="N")
     max_new_tokens: int | None = option("longest response (default: TrainConfig's)", None,
                                         metavar="N")
+    max_batch: int | None = option("engine rows of each run (default: TrainConfig's); the three "
+                                   "runs hold their KV caches at once, so long responses may "
+                                   "need fewer rows to fit in memory", None, metavar="N")
     sampled_drafts: bool = option("TLT's adaptive plans include sampled chains", False)
     plans_from: Path | None = option("TLT's adaptive plans from a `tlt bench speculative --json` "
                                      "file: of its rows at the runs' temperature (T = 1), the "
@@ -107,7 +110,7 @@ class TrainOptions:
     def train_config(self) -> TrainConfig:
         """The runs' TrainConfig: TrainConfig's defaults with the sizes given here."""
         sizes = {name: getattr(self, name) for name in ("prompts_per_step", "samples_per_prompt",
-                                                         "max_new_tokens")
+                                                         "max_new_tokens", "max_batch")
                  if getattr(self, name) is not None}
         return TrainConfig(steps=self.steps, sampled_drafts=self.sampled_drafts,
                            plans_from=self.plans_from, **sizes)
