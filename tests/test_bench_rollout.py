@@ -2,6 +2,7 @@
 the hindsight oracle, and bad input named (the whole benchmark runs on a checkpoint in
 tests/test_bench_checkpoint.py)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -41,6 +42,29 @@ def test_trace_files_are_read_and_bad_lengths_named(tmp_path):
         load_lengths(tmp_path / "bad.txt")
     with pytest.raises(FileNotFoundError, match="trace file"):
         load_lengths(tmp_path / "missing")
+
+
+def test_rollout_and_train_share_the_trace_options(tmp_path):
+    from tlt_core.bench.length_trace import TraceOptions
+    from tlt_core.bench.rollout import RolloutOptions
+    from tlt_core.bench.train import TrainOptions
+
+    trace_fields = {f.name for f in dataclasses.fields(TraceOptions)}
+    for options in (RolloutOptions, TrainOptions):
+        assert issubclass(options, TraceOptions)
+        for bad, name in ((dict(trace_median=0), "trace_median"), (dict(trace_sigma=-1.0),
+                                                                   "trace_sigma")):
+            with pytest.raises(ValueError, match=f"^{name}: must be"):
+                options(workload="trace", **bad)
+    assert trace_fields == {"trace_file", "trace_median", "trace_sigma"}
+    lengths, source = TraceOptions(trace_median=5).trace_lengths(200, cap=30, seed=0)
+    assert lengths == [min(n, 30) for n in lognormal_lengths(200, median=5, seed=0, cap=1024)]
+    assert source == "lognormal (median 5, sigma 1.0), capped at 30"
+    assert TraceOptions().trace_lengths(3, cap=99, seed=0, default_median=7)[0] == \
+        lognormal_lengths(3, median=7, seed=0, cap=99)
+    (tmp_path / "a.json").write_text("[3, 40, 7]")
+    assert TraceOptions(trace_file=tmp_path / "a.json").trace_lengths(1, cap=10, seed=0) == \
+        ([3, 10, 7], f"file {tmp_path / 'a.json'}, capped at 10")
 
 
 def test_unknown_workloads_and_bad_trace_files_are_named_on_the_command_line(tmp_path, capsys):

@@ -8,7 +8,8 @@ draw from a lognormal: its `sigma` sets the tail, and sigma = 1.0 puts the 99th 
 at 10.2x the median. The parameters are ours, chosen to have that shape, not fitted to anyone's
 data; a file of measured lengths (`load_lengths`) replays a real distribution instead.
 
-Lengths are whole tokens >= 1, capped at `cap` (the workload's max_tokens).
+Lengths are whole tokens >= 1, capped at `cap` (the workload's max_tokens). `TraceOptions` holds
+the trace flags `tlt bench rollout` and `tlt bench train` share.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import json
 import math
 import numbers
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+from tlt_core.config_flags import option
 
 DEFAULT_MEDIAN = 64
 DEFAULT_SIGMA = 1.0  # p99 / median = exp(2.326 sigma) = 10.2
@@ -84,3 +88,36 @@ def tail_shape(lengths: Sequence[int]) -> dict:
     median = ordered[(len(ordered) - 1) // 2]
     p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
     return {"median": median, "p99": p99, "max": ordered[-1], "p99_over_median": p99 / median}
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """The trace workload's lengths: a lognormal's draws, or a file's lengths in order."""
+    trace_file: Path | None = option("trace: the lengths, a JSON list or one int per line, "
+                                     "taken in order (from the start again when the run needs "
+                                     "more) instead of the lognormal", None, metavar="FILE")
+    trace_median: int | None = option("trace: the lognormal's median length (default: 64; 32 "
+                                      "on the embedded workload of `tlt bench rollout`)", None,
+                                      metavar="N")
+    trace_sigma: float = option("trace: the lognormal's sigma (1.0: p99 is 10.2x the median)",
+                                DEFAULT_SIGMA)
+
+    def __post_init__(self):
+        if self.trace_median is not None and not self.trace_median >= 1:
+            raise ValueError(f"trace_median: must be >= 1 token, got {self.trace_median}")
+        if not self.trace_sigma >= 0:
+            raise ValueError(f"trace_sigma: must be >= 0, got {self.trace_sigma}")
+
+    def trace_lengths(self, count: int, *, cap: int, seed: int,
+                      default_median: int = DEFAULT_MEDIAN) -> tuple[list[int], str]:
+        """The lengths (the file's, else `count` lognormal draws), each capped at `cap`, and a
+        sentence saying where they came from. A bad file raises FileNotFoundError /
+        ValueError naming it."""
+        if self.trace_file is not None:
+            drawn, source = load_lengths(self.trace_file), f"file {self.trace_file}"
+        else:
+            median = self.trace_median or default_median
+            drawn = lognormal_lengths(count, median=median, sigma=self.trace_sigma, cap=cap,
+                                      seed=seed)
+            source = f"lognormal (median {median}, sigma {self.trace_sigma})"
+        return [min(n, cap) for n in drawn], f"{source}, capped at {cap}"

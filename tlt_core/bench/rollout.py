@@ -47,8 +47,7 @@ from tlt_core.adaptive.buckets import StepBuckets
 from tlt_core.adaptive.cost_model import CostModel, calibrate
 from tlt_core.adaptive.measured_plans import MeasuredPlans
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
-from tlt_core.bench.length_trace import (DEFAULT_MEDIAN, DEFAULT_SIGMA, lognormal_lengths,
-                                         load_lengths, tail_shape)
+from tlt_core.bench.length_trace import DEFAULT_MEDIAN, TraceOptions, tail_shape
 from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions, ModelWorkload
 from tlt_core.bench.rollout_file import RUN_MODES, TRACE_COLUMNS, run_record
 from tlt_core.config_flags import add_dataclass_arguments, option
@@ -65,8 +64,9 @@ MIN_ORACLE_STEPS = 3  # an arm's steps in a cell before the oracle trusts its ra
 
 
 @dataclass(frozen=True)
-class RolloutOptions:
-    """`tlt bench rollout`: workloads, rounds, the SD-always plan and the outputs."""
+class RolloutOptions(TraceOptions):
+    """`tlt bench rollout`: workloads, rounds, the SD-always plan, the trace's lengths and the
+    outputs."""
     json: Path | None = option("write rows, calibration and every run's trace here", None,
                                metavar="FILE")
     plot: Path | None = option("plot the running batch over time per mode here", None,
@@ -81,12 +81,6 @@ class RolloutOptions:
     max_tokens: int | None = option("longest response (default: 1024 with --model, the "
                                     "embedded task's longest reference otherwise)", None,
                                     metavar="N")
-    trace_file: Path | None = option("trace lengths from this file (a JSON list or one int per "
-                                      "line) instead of the lognormal", None, metavar="FILE")
-    trace_median: int | None = option("the lognormal's median length (default: 64 with "
-                                      "--model, 32 otherwise)", None, metavar="N")
-    trace_sigma: float = option("the lognormal's sigma (1.0: p99 is 10.2x the median)",
-                                DEFAULT_SIGMA)
     sampled_drafts: bool = option("add sampled chains (each draft token drawn from the "
                                   "drafter's distribution) to the adaptive plans", False)
     plans_from: Path | None = option("the adaptive plans from a `tlt bench speculative --json` "
@@ -96,6 +90,7 @@ class RolloutOptions:
     no_progress: bool = option("no progress bars", False)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.plans_from is not None and self.sampled_drafts:
             raise ValueError("sampled_drafts: with --plans-from the file's plans are the "
                              "adaptive loop's, sampled chains among them where they measured "
@@ -188,10 +183,8 @@ def model_workloads(model: ModelWorkload, names: Sequence[str], options: Rollout
 
 
 def _trace_lengths(options: RolloutOptions, median: int, cap: int) -> list[int]:
-    if options.trace_file is not None:
-        return load_lengths(options.trace_file)
-    return lognormal_lengths(64, median=options.trace_median or median,
-                             sigma=options.trace_sigma, cap=cap, seed=0)
+    """One length per row of the 64-row workloads."""
+    return options.trace_lengths(64, cap=cap, seed=0, default_median=median)[0]
 
 
 def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: int = 64,

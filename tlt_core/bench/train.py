@@ -47,8 +47,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from tlt_core.bench.length_trace import (DEFAULT_MEDIAN, DEFAULT_SIGMA, lognormal_lengths,
-                                         load_lengths, tail_shape)
+from tlt_core.bench.length_trace import TraceOptions, tail_shape
 from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions
 from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.embedded.workload import train_inputs
@@ -62,8 +61,9 @@ TRACE_SEED = 0  # the lognormal's draws: one set for all three runs
 
 
 @dataclass(frozen=True)
-class TrainOptions:
-    """`tlt bench train`: the workload, the runs' length and sizes (None: TrainConfig's)."""
+class TrainOptions(TraceOptions):
+    """`tlt bench train`: the workload, the trace's lengths, the runs' length and sizes (None:
+    TrainConfig's)."""
     json: Path | None = option("write rows + summary (with each step's response lengths and "
                                "step trace)", None, metavar="FILE")
     workload: str = option("natural: each response ends at the model's stop ids or "
@@ -72,13 +72,6 @@ class TrainOptions:
                            "--trace-median / --trace-sigma, or --trace-file), capped at "
                            "--max-new-tokens, its stop ids dropped, the same lengths in every "
                            "run", "natural", choices=WORKLOADS)
-    trace_file: Path | None = option("trace: the lengths, a JSON list or one int per line, "
-                                     "taken in order (step by step, prompt by prompt, sample by "
-                                     "sample; from the start again when the run needs more) "
-                                     "instead of the lognormal", None, metavar="FILE")
-    trace_median: int = option("trace: the lognormal's median length", DEFAULT_MEDIAN)
-    trace_sigma: float = option("trace: the lognormal's sigma (1.0: p99 is 10.2x the median)",
-                                DEFAULT_SIGMA)
     steps: int = option("GRPO steps per run", 12)
     prompts_per_step: int | None = option("prompts per GRPO step (default: TrainConfig's)", None,
                                           metavar="N")
@@ -97,15 +90,12 @@ class TrainOptions:
     no_progress: bool = option("no progress bars", False)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload: must be one of {', '.join(WORKLOADS)}, got "
                              f"{self.workload!r}")
         if self.trace_file is not None and self.workload != "trace":
             raise ValueError("trace_file: lengths for the trace workload; add --workload trace")
-        if not self.trace_median >= 1:
-            raise ValueError(f"trace_median: must be >= 1 token, got {self.trace_median}")
-        if not self.trace_sigma >= 0:
-            raise ValueError(f"trace_sigma: must be >= 0, got {self.trace_sigma}")
 
     def train_config(self) -> TrainConfig:
         """The runs' TrainConfig: TrainConfig's defaults with the sizes given here."""
@@ -145,16 +135,10 @@ def trace_lengths(options: TrainOptions, config: TrainConfig) -> TraceLengths:
     """The lengths of `--workload trace`: --trace-file's, or one lognormal draw per sample of
     the run; each capped at max_new_tokens. A bad file raises FileNotFoundError / ValueError
     naming it."""
-    cap = config.max_new_tokens
-    if options.trace_file is not None:
-        drawn, source = load_lengths(options.trace_file), f"file {options.trace_file}"
-    else:
-        rows = config.steps * config.prompts_per_step * config.samples_per_prompt
-        drawn = lognormal_lengths(rows, median=options.trace_median, sigma=options.trace_sigma,
-                                  cap=cap, seed=TRACE_SEED)
-        source = f"lognormal (median {options.trace_median}, sigma {options.trace_sigma})"
-    return TraceLengths(tuple(min(n, cap) for n in drawn), config.prompts_per_step,
-                        config.samples_per_prompt, f"{source}, capped at {cap}")
+    rows = config.steps * config.prompts_per_step * config.samples_per_prompt
+    lengths, source = options.trace_lengths(rows, cap=config.max_new_tokens, seed=TRACE_SEED)
+    return TraceLengths(tuple(lengths), config.prompts_per_step, config.samples_per_prompt,
+                        source)
 
 
 def run(config: TrainConfig = TrainConfig(steps=12), progress: bool = True,
