@@ -140,8 +140,7 @@ def test_acceptance_by_position_is_emitted_per_row_step():
              stats(2, (0, 0, 2), (0, 0, 2)))
     expected = {"0-256": 6 / 3, "256-1k": 3 / 1, "1k+": 6 / 3}
     assert acceptance_by_position(steps) == pytest.approx(expected)
-    result = RolloutResult([], torch.zeros(3, dtype=torch.float64),
-                           torch.zeros(3, dtype=torch.int64), 0.0, 3, steps)
+    result = RolloutResult([], 0.0, 3, steps)
     assert result.acceptance_by_position == pytest.approx(expected)
     assert result.acceptance_length == pytest.approx(15 / 7)  # the buckets pooled
     assert acceptance_by_position(steps[1:]) == {"0-256": 1.0, "256-1k": None, "1k+": 2.0}

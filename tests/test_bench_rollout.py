@@ -85,8 +85,7 @@ def _result(steps, total_s, tokens):
 
     rollout = Rollout(0, 0, (1,), torch.zeros(tokens, dtype=torch.int64),
                       torch.zeros(tokens), "length", RequestTiming(0, 0, 0))
-    return RolloutResult([rollout], torch.zeros(0), torch.zeros(0, dtype=torch.int64), total_s,
-                         len(steps), step_trace=tuple(steps))
+    return RolloutResult([rollout], total_s, len(steps), step_trace=tuple(steps))
 
 
 def test_the_oracle_replays_sd_off_with_the_best_ratio_per_cell():

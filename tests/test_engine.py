@@ -103,6 +103,12 @@ def test_running_batch_trace_shows_the_tail(model):
     assert running[0] == 4 and running[-1] == 1
     assert running == sorted(running, reverse=True)
     assert result.decode_steps == len(running) == 29  # the first token comes from prefill
+    ends = result.trace_time_s.tolist()  # the step trace's end times, in step order
+    assert ends == [o.ended_s for o in result.step_trace] == sorted(ends)
+    assert 0 < ends[0] and ends[-1] <= result.total_s
+    assert all(end - start >= o.seconds  # a step's own time fits between the ends
+               for start, end, o in zip([0.0] + ends, ends, result.step_trace))
+    assert not result.trace_speculative.any() and len(result.trace_speculative) == 29
     assert [len(r.tokens) for r in result.rollouts] == [2, 4, 8, 30]
     assert all(r.timing.admitted_s <= r.timing.first_token_s <= r.timing.finished_s
                for r in result.rollouts)

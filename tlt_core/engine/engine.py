@@ -144,9 +144,6 @@ class _Run:
     finished: list[Rollout] = field(default_factory=list)
     steps: int = 0
     spec_steps: list[SpecStepStats] = field(default_factory=list)
-    trace_time: list[float] = field(default_factory=list)
-    trace_running: list[int] = field(default_factory=list)
-    trace_speculative: list[bool] = field(default_factory=list)
     step_trace: list[StepOutcome] = field(default_factory=list)
     harvest_s: float = 0.0
 
@@ -255,11 +252,8 @@ class RolloutEngine:
             self.step_clock.drop()
             self._in_call = False
         run.finished.sort(key=lambda r: (r.request_index, r.sample_index))
-        return RolloutResult(run.finished, torch.tensor(run.trace_time, dtype=torch.float64),
-                             torch.tensor(run.trace_running, dtype=torch.int64), run.clock(),
-                             run.steps, tuple(run.spec_steps), run.harvest_s,
-                             torch.tensor(run.trace_speculative, dtype=torch.bool),
-                             tuple(run.step_trace))
+        return RolloutResult(run.finished, run.clock(), run.steps, tuple(run.spec_steps),
+                             run.harvest_s, tuple(run.step_trace))
 
     def graph_memory(self) -> dict:
         """The decode graphs held (count, "pool": shared or per_graph, "reserved_bytes": what
@@ -391,21 +385,19 @@ class RolloutEngine:
         else:
             kept = self._speculative_step(run, plan)
         ended = self.step_clock.mark()
+        self._retire(run)
+        run.steps += 1
+        ended_s = run.clock()
 
         def tell(seconds: list[float]) -> None:
             outcome = StepOutcome(step, batch, context, plan, kept, sum(seconds),
-                                  seconds[0] if caught_up is not started else 0.0)
+                                  seconds[0] if caught_up is not started else 0.0, ended_s)
             run.step_trace.append(outcome)
             for observer in run.observers:
                 observer(outcome)
 
         marks = (started, caught_up, ended) if caught_up is not started else (started, ended)
         self.step_clock.when_timed(marks, tell)
-        self._retire(run)
-        run.steps += 1
-        run.trace_time.append(run.clock())
-        run.trace_running.append(batch)
-        run.trace_speculative.append(plan is not None)
 
     def _retire(self, run: _Run) -> None:
         # Back to front, so moving the last running row into a freed one never skips a row.

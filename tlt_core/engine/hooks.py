@@ -37,6 +37,9 @@ class StepOutcome:
     # of which: the drafter catching up on positions committed while it did not draft (paid
     # by the step that turns SD on)
     catch_up_s: float = 0.0
+    # the step's end on the call's host clock (seconds since the call began, the finished rows
+    # retired): admissions and prefills between steps count here, not in `seconds`
+    ended_s: float = 0.0
 
     @property
     def arm(self) -> str:

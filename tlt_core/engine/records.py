@@ -14,7 +14,7 @@ every speculative step also counts its rows and tokens per context bucket.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -150,17 +150,27 @@ def acceptance_by_position(spec_steps: Sequence[SpecStepStats]) -> dict[str, flo
 @dataclass(frozen=True)
 class RolloutResult:
     rollouts: list[Rollout]  # ordered by (request_index, sample_index)
-    trace_time_s: torch.Tensor  # (steps,) float64, end of each decode step
-    trace_running: torch.Tensor  # (steps,) int64, running rows during that step
     total_s: float
     decode_steps: int  # plain and speculative steps
     spec_steps: tuple[SpecStepStats, ...] = ()
     harvest_s: float = 0.0  # time spent handing positions to the harvest sink
-    # (steps,) bool: whether each decode step was speculative
-    trace_speculative: torch.Tensor = field(
-        default_factory=lambda: torch.zeros(0, dtype=torch.bool))
-    # every decode step in order: batch, context, plan, tokens committed, seconds
+    # every decode step in order: batch, context, plan, tokens committed, seconds, end time
     step_trace: tuple[StepOutcome, ...] = ()
+
+    @property
+    def trace_time_s(self) -> torch.Tensor:
+        """(steps,) float64: the end of each decode step, seconds since the call began."""
+        return torch.tensor([o.ended_s for o in self.step_trace], dtype=torch.float64)
+
+    @property
+    def trace_running(self) -> torch.Tensor:
+        """(steps,) int64: the rows running during each decode step."""
+        return torch.tensor([o.batch for o in self.step_trace], dtype=torch.int64)
+
+    @property
+    def trace_speculative(self) -> torch.Tensor:
+        """(steps,) bool: whether each decode step was speculative."""
+        return torch.tensor([o.plan is not None for o in self.step_trace], dtype=torch.bool)
 
     @property
     def acceptance_length(self) -> float | None:
