@@ -167,3 +167,56 @@ def test_a_burst_in_one_calibration_sweep_is_ignored(target, drafter, monkeypatc
     assert model.rates == {(2, "plain"): pytest.approx(2 / 1.2),
                            (2, plan.key): pytest.approx(2 * 3 / 1.2)}
     assert model.admission_s[(2, "plain")] == pytest.approx(0.12)
+
+
+def test_long_context_runs_fit_the_context_slope_between_two_contexts(target, drafter,
+                                                                        monkeypatch):
+    """Scripted steps whose seconds grow by 1e-4 per context token: the short run spans a few
+    tokens, the stretched run starts at long_context (or what prefill_tokens admits for all
+    rows at once); the fit through the two runs finds the slope, and the model prices a long
+    context by it."""
+    import tlt_core.adaptive.cost_model as cost_model
+
+    prompts_seen = {}
+
+    def scripted(engine, requests, plan, batch):
+        recorder = cost_model._Recorder(plan, batch)
+        prompt = len(requests[0].prompt_ids)
+        assert {len(r.prompt_ids) for r in requests} == {prompt}
+        assert list(requests[0].prompt_ids[-len(PROMPTS[0]):]) == list(PROMPTS[0])  # last
+        prompts_seen.setdefault((batch, cost_model._table_key(plan)), []).append(prompt)
+        for index in range(6):
+            recorder.observe(StepOutcome(index, batch, prompt + index, plan, batch,
+                                         0.01 + 1e-4 * (prompt + index)))
+        recorder.wall_s = recorder.all_steps_s
+        return recorder
+
+    monkeypatch.setattr(cost_model, "_measure", scripted)
+    engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=512, prefill_tokens=640),
+                           drafter)
+    calibration = [Request(PROMPTS[0], SamplingParams(max_tokens=8))]
+    plan = Strategy(2, 1, 3)
+    model = calibrate(engine, [plan], (1, 4), calibration, max_tokens=8, long_context=300)
+    short = len(PROMPTS[0])
+    # batch 1: 300 tokens; batch 4: 640 // 4 = 160, what the prefill budget admits at once
+    assert prompts_seen[(1, "plain")] == [short, 300]
+    assert prompts_seen[(4, plan.key)] == [short, 160]
+    for batch, long in ((1, 300), (4, 160)):
+        key = (batch, "plain")
+        assert model.context_slope[key] == pytest.approx(1e-4)
+        assert model.context_mean[key] == pytest.approx(short + 2.5)
+        assert model.context_max[key] == long + 5
+    # a step at context 150 at one row: 0.01 + 0.015 s for one token
+    assert model.rate(1, None, 150) == pytest.approx(1 / (0.01 + 1e-4 * 150))
+    with pytest.raises(ValueError, match="long_context"):
+        calibrate(engine, [plan], (1,), calibration, long_context=-1)
+
+
+def test_long_context_calibration_runs_on_a_real_engine(target, drafter):
+    engine = RolloutEngine(target, EngineConfig(max_batch=2, max_len=96), drafter)
+    calibration = [Request(p, SamplingParams(temperature=1.0, max_tokens=8)) for p in PROMPTS[:2]]
+    plan = Strategy(2, 1, 3)
+    model = calibrate(engine, [plan], (1, 2), calibration, max_tokens=8, long_context=80)
+    assert set(model.context_slope) == set(model.rates)
+    # the stretched prompts: 80 tokens, max_len - max_tokens = 88 leaves them whole
+    assert all(80 < model.context_max[key] <= 88 for key in model.rates)

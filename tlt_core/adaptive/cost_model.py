@@ -51,7 +51,7 @@ from typing import Sequence
 
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.suffix_index import SuffixIndex
-from tlt_core.engine.engine import RolloutEngine
+from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.hooks import StepOutcome
 from tlt_core.engine.records import Request
 
@@ -79,12 +79,13 @@ class CostModel:
     # plan key -> tokens a row emitted per step in calibration (the simulator's default)
     acceptance: dict[str, float] = field(default_factory=dict)
     # How a step's time grows with the rows' context (attention reads it all): per (batch,
-    # key), seconds per step per context token, fitted over the calibration's steps, and the
-    # mean context at which `rates` were measured. Empty: context-independent.
+    # key), seconds per step per context token, fitted over the calibration's steps (or
+    # through its short and long-context runs: calibrate's long_context), and the mean context
+    # at which `rates` were measured. Empty: context-independent.
     context_slope: dict[tuple[int, str], float] = field(default_factory=dict)
     context_mean: dict[tuple[int, str], float] = field(default_factory=dict)
-    # the longest mean context the fit saw: longer contexts are held at it (a line fitted over
-    # tens of tokens is not extrapolated to thousands)
+    # the longest context the fit saw: longer contexts are held at it (a line fitted over tens
+    # of tokens is not extrapolated to thousands)
     context_max: dict[tuple[int, str], float] = field(default_factory=dict)
     # What a generate call of `batch` fresh rows costs outside its decode steps (prefill of the
     # target's and the drafter's caches, scheduling, collecting the results), per (batch, key):
@@ -154,14 +155,20 @@ class CostModel:
 
 def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequence[int],
               calibration_requests: Sequence[Request], *, max_tokens: int = 24,
-              sd_off: bool = False, reps: int = 1) -> CostModel:
+              sd_off: bool = False, reps: int = 1, long_context: int = 0) -> CostModel:
     """Measures engine's tokens per second for every batch in batches (at most
     engine.config.max_batch) and every plan and plain decoding (and, with sd_off, plain
     decoding with speculation off: SD_OFF), on copies of calibration_requests (a few prompts
     like the workload's) run to max_tokens each, stop ids dropped (see the module docstring,
     also for what it leaves out when a batch size cannot be timed). reps > 1 sweeps every
     measurement that many times and keeps medians: a sweep is seconds long, and on a shared
-    machine a burst of someone else's work can slow one sweep by 10%; the median ignores it."""
+    machine a burst of someone else's work can slow one sweep by 10%; the median ignores it.
+
+    long_context > 0 times every measurement a second time with each prompt stretched to that
+    many tokens (fewer where `EngineConfig.prefill_tokens` would not admit the batch's rows at
+    once, or `max_len` would not hold them), and fits each (batch, plan)'s context slope between
+    the two runs: the rows of a rollout reach contexts of a thousand tokens and more, where a
+    step costs more than the tens of tokens one short run spans can say."""
     start = time.perf_counter()
     batches = sorted({int(b) for b in batches if 1 <= b <= engine.config.max_batch})
     if not batches:
@@ -170,6 +177,9 @@ def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequen
         raise ValueError("calibration_requests: need at least one request to calibrate on")
     if reps < 1:
         raise ValueError(f"reps: must be >= 1, got {reps}")
+    if long_context < 0:
+        raise ValueError(f"long_context: must be >= 0 tokens (0: no long-context runs), got "
+                         f"{long_context}")
     if max_tokens < 2:
         raise ValueError(f"max_tokens: must be >= 2 (a row's first token comes from prefill, "
                          f"only the later ones from the steps calibration times), got {max_tokens}")
@@ -189,6 +199,7 @@ def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequen
         for batch in batches:
             rows = (requests * batch)[:batch]
             prompt = sum(len(r.prompt_ids) for r in rows) / len(rows)
+            stretched = _stretched(rows, long_context, tokens, engine.config)
             for plan in measured:
                 recorder = _measure(engine, rows, plan, batch)
                 if not recorder.steps:  # no step with all rows: this sweep times nothing
@@ -197,7 +208,10 @@ def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequen
                 step_s.setdefault(key, []).append(recorder.seconds / len(recorder.steps))
                 admission.setdefault(key, []).append(
                     max(0.0, recorder.wall_s - recorder.all_steps_s))
-                fit = recorder.context_fit(prompt)
+                long = (_measure(engine, stretched, plan, batch) if stretched is not None
+                        else None)
+                fit = (recorder.context_fit(prompt) if long is None or not long.steps
+                       else _two_run_fit(recorder, prompt, long, len(stretched[0].prompt_ids)))
                 if fit is not None:
                     fits.setdefault(key, []).append(fit)
                 tokens_so_far, rows_so_far = emitted.get(key, (0, 0))
@@ -234,6 +248,30 @@ def _timing_request(request: Request, tokens: int, max_len: int) -> Request:
     its prompt cut to its last max_len - tokens tokens."""
     return replace(request, prompt_ids=request.prompt_ids[-(max_len - tokens):],
                    params=replace(request.params, n=1, max_tokens=tokens, stop_ids=()))
+
+
+def _stretched(rows: list[Request], long_context: int, tokens: int, config: EngineConfig
+               ) -> list[Request] | None:
+    """rows with each prompt repeated up to one length (the original prompt last, as a
+    response follows it): long_context tokens, or the most that `prefill_tokens` admits for all
+    rows at once and `max_len` holds with `tokens` more; None when that is no longer than the
+    prompts are."""
+    length = min(long_context, config.prefill_tokens // len(rows), config.max_len - tokens)
+    if long_context == 0 or length <= max(len(r.prompt_ids) for r in rows):
+        return None
+    return [replace(r, prompt_ids=(tuple(r.prompt_ids) * -(-length // len(r.prompt_ids)))
+                    [-length:]) for r in rows]
+
+
+def _two_run_fit(short: _Recorder, short_prompt: float, long: _Recorder, long_prompt: int
+                 ) -> tuple[float, float, float]:
+    """(slope, mean context, longest context) of step seconds against the rows' context,
+    through the short run's and the stretched run's mean step: a line over hundreds of tokens of
+    context, where one run's own steps span tens."""
+    short_context, long_context = short.mean_context(short_prompt), long.mean_context(long_prompt)
+    slope = ((long.seconds / len(long.steps) - short.seconds / len(short.steps))
+             / (long_context - short_context))
+    return slope, short_context, max(long_prompt + done for done, _ in long.steps)
 
 
 def _untimed_warning(missing: dict[int, list[str]], timed: list[int], keys_per_batch: int
@@ -278,6 +316,10 @@ class _Recorder:
             self.tokens += outcome.emitted
             self.seconds += outcome.seconds
             self.row_steps += outcome.batch
+
+    def mean_context(self, prompt_length: float) -> float:
+        """The rows' mean context over the full-batch steps."""
+        return prompt_length + sum(done for done, _ in self.steps) / len(self.steps)
 
     def context_fit(self, prompt_length: float) -> tuple[float, float, float] | None:
         """Least-squares seconds-per-step against the rows' mean context: (slope, mean

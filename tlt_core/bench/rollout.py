@@ -21,7 +21,9 @@ Modes, each on its own engine over the same model and drafter:
   bucket) replayed over SD off's batch profile: each SD-off step's seconds divided by the best
   ratio any arm measured in that cell against SD off (at least 1: plain is an arm);
   the time outside decode steps (admission, prefill) stays.
-One calibration (shared by the workloads), one unmeasured round of every mode, then `rounds`
+One calibration (shared by the workloads; each measurement also with prompts stretched to the
+engine's longest context, so the cost model prices the long rows of the tail by a context slope
+measured that far), one unmeasured round of every mode, then `rounds`
 measured rounds with the modes interleaved, so machine noise hits them alike. A mode's
 `tok_s` is committed tokens / makespan, the median over rounds; `speedup_vs_off` is tok_s over
 SD off's: per token, so modes that sampled different lengths compare fairly.
@@ -204,7 +206,8 @@ def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: in
     config = EngineConfig(max_batch=max_batch, max_len=workloads.max_len, seed=seed)
     engine = RolloutEngine(target, config, drafter)
     batches = sorted({b for b in (1, 4, 16, max_batch) if b <= max_batch})
-    cost = calibrate(engine, plans, batches, workloads.calibration, sd_off=True)
+    cost = calibrate(engine, plans, batches, workloads.calibration, sd_off=True,
+                     long_context=workloads.max_len)
     del engine
     always = always or max(plans, key=lambda plan: cost.rate(1, plan))
     rows, details = [], {}
