@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
+from tests.test_examples import load_example
 from tlt_core.integrations import sglang_ops, vllm_ops
 
 # ---------------------------------------------------------------------------------------
@@ -427,6 +428,32 @@ def test_ops_pass_opcheck():
     outputs = [scase[name].clone() for name in OUTPUTS]
     torch.library.opcheck(torch.ops.tlt.sglang_tree_speculative_sampling_target_only.default, (
         *outputs, *(scase[name] for name in SAMPLING_ARGS[3:]), None, 1.0, 1.0, True))
+
+
+# ---------------------------------------------------------------------------------------
+# examples
+
+
+@pytest.mark.parametrize("name", ["vllm_rejection_sample", "sglang_tree_verify"])
+def test_example_has_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_example(name).main(["--help"])
+    assert exit_info.value.code == 0
+    assert "prove" in load_example(name).__doc__
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_vllm_example_compiles_and_is_lossless():
+    result = load_example("vllm_rejection_sample").main([])  # asserts its claims itself
+    assert result["compiled_equal"] and result["p_value"] > 1e-3
+    assert result["control_p_value"] < 1e-3
+    assert 1.0 < result["mean_tokens_per_request"] < 4.0
+
+
+def test_sglang_example_layouts_agree_and_sampling_is_lossless():
+    result = load_example("sglang_tree_verify").main([])  # asserts its claims itself
+    assert result["p_value"] > 1e-3 and result["control_p_value"] < 1e-3
+    assert result["mean_accepted_relaxed"] > result["mean_accepted"] > 0
 
 
 # ---------------------------------------------------------------------------------------
