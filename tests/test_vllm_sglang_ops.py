@@ -430,6 +430,46 @@ def test_ops_pass_opcheck():
         *outputs, *(scase[name] for name in SAMPLING_ARGS[3:]), None, 1.0, 1.0, True))
 
 
+def on_cuda(case: dict) -> dict:
+    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+
+
+@pytest.mark.gpu
+def test_ops_on_cuda_equal_cpu_and_replay_in_a_cuda_graph():
+    """With validate=False the ops make no host sync: on CUDA they give the CPU's outputs, they
+    capture in a CUDA graph, and a replay reads the inputs' new uniforms."""
+    vcase = vllm_case(3, [3, 0, 5, 2], 1000, with_draft_probs=True, greedy_rows=(1,),
+                      max_spec_len=5)
+    scase = sglang_case(4, 4, 12, 50, 5)
+    vgpu, sgpu = on_cuda(vcase), on_cuda(scase)
+
+    def step(vcase, scase):
+        vllm_out = run_vllm(vcase, validate=False)
+        greedy = run_sglang(sglang_ops.verify_tree_greedy, GREEDY_ARGS, scase, validate=False)
+        sampled = run_sglang(sglang_ops.tree_speculative_sampling_target_only, SAMPLING_ARGS,
+                             scase, None, 0.9, 0.8, validate=False)
+        return (vllm_out, *greedy, *sampled)
+
+    for got, want in zip(step(vgpu, sgpu), step(vcase, scase)):
+        assert torch.equal(got.cpu(), want)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(vgpu, sgpu)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(vgpu, sgpu)
+    g = torch.Generator().manual_seed(99)
+    for case, names in ((vgpu, ("uniform_probs", "recovery_uniforms")),
+                        (sgpu, ("uniform_samples", "uniform_samples_for_final_sampling"))):
+        for name in names:
+            case[name].copy_(torch.rand(case[name].shape, generator=g, dtype=case[name].dtype))
+    graph.replay()
+    for got, want in zip(captured, step(vgpu, sgpu)):
+        assert torch.equal(got, want)
+
+
 # ---------------------------------------------------------------------------------------
 # examples
 
