@@ -14,6 +14,7 @@ from scipy import stats
 
 from tests.test_examples import load_example
 from tlt_core.integrations import sglang_ops, vllm_ops
+from tlt_core.ops import reference
 
 # ---------------------------------------------------------------------------------------
 # vLLM: flattened linear drafts
@@ -428,6 +429,41 @@ def test_ops_pass_opcheck():
     outputs = [scase[name].clone() for name in OUTPUTS]
     torch.library.opcheck(torch.ops.tlt.sglang_tree_speculative_sampling_target_only.default, (
         *outputs, *(scase[name] for name in SAMPLING_ARGS[3:]), None, 1.0, 1.0, True))
+
+
+def test_greedy_ops_equal_the_reference_oracle():
+    """Both greedy layouts give what tlt_core.ops.reference.verify_tree_greedy gives on the same
+    tree in tlt's layout (vLLM: each request a chain, the bonus token after a full accept)."""
+    vcase = vllm_case(21, [3, 0, 4, 2, 4], 11, with_draft_probs=False,
+                      greedy_rows=(0, 1, 2, 3, 4))
+    got = run_vllm(vcase, is_greedy=None, uniform_probs=None, recovery_uniforms=None)
+    ends = vcase["cu_num_draft_tokens"].tolist()
+    for b, end in enumerate(ends):
+        start = ends[b - 1] if b else 0
+        n = end - start
+        logits = torch.cat((vcase["target_probs"][start:end], torch.zeros(1, 11)))[None]
+        tokens = torch.cat((torch.zeros(1, dtype=torch.int64),
+                            vcase["draft_token_ids"][start:end].long()))[None]
+        parents = (torch.arange(n + 1, dtype=torch.int32) - 1)[None]
+        oracle = reference.verify_tree_greedy(logits, tokens, parents)
+        k = int(oracle.num_accepted[0])
+        want = oracle.emitted_tokens[0, :k + 1].clone()
+        if k == n:
+            want[k] = int(vcase["bonus_token_ids"][b])
+        assert got[b, :k + 1].tolist() == want.tolist() and set(got[b, k + 1:].tolist()) <= {-1}
+
+    scase = sglang_case(22, 5, 10, 9, 5)
+    scase["target_predict"] = scase["target_probs"].argmax(-1)
+    predicts, accept_index, accept_token_num = run_sglang(sglang_ops.verify_tree_greedy,
+                                                          GREEDY_ARGS, scase)
+    oracle = reference.verify_tree_greedy(scase["target_probs"], scase["candidates"],
+                                          scase["parents"].to(torch.int32))
+    torch.testing.assert_close(accept_token_num, oracle.num_accepted, rtol=0, atol=0)
+    for b in range(5):
+        path = oracle.accept_index[b, :int(oracle.num_accepted[b]) + 1].long()
+        flat = scase["retrive_index"][b, path]
+        assert accept_index[b, :len(path)].tolist() == flat.tolist()
+        assert predicts[flat].tolist() == oracle.emitted_tokens[b, :len(path)].tolist()
 
 
 def on_cuda(case: dict) -> dict:
