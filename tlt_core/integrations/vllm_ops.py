@@ -27,7 +27,7 @@ Shapes: B requests, K = max_spec_len, T = total draft tokens, V vocabulary.
 Semantics, per request (those of vLLM's kernels; Leviathan et al. 2023):
     greedy:  draft t is accepted iff it equals argmax target_probs[t] (lowest id on ties); the
              first mismatch emits that argmax; all accepted: the bonus token. draft_probs and
-             the uniforms are not read for greedy requests (as in vLLM).
+             the uniforms do not affect greedy requests (as in vLLM).
     random:  draft x at t is accepted iff uniform_probs[t] < p(x) / q(x) (q = 1 without
              draft_probs); the first rejection emits a token drawn from max(p - q, 0),
              normalised (n-gram: p with x removed), by inverse CDF with recovery_uniforms[b];
