@@ -115,6 +115,7 @@ if not ops.built_with_cuda: sys.exit("tlt_core._C has no CUDA kernels: GPU tests
   "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_kernels.py \
     tests/test_arrays_and_random.py tests/test_gpu_engine.py tests/test_idle.py \
     tests/test_graph_pool.py tests/test_gpu_placement.py \
+    "tests/test_vllm_sglang_ops.py::test_ops_on_cuda_equal_cpu_and_replay_in_a_cuda_graph" \
     --junitxml="$OUT_DIR/gpu_tests.xml" || test_status=$?
   [ "$trace_status" = 0 ] && [ "$test_status" = 0 ]
 }
