@@ -11,7 +11,8 @@ nothing. `math_answer(response)` finds it, by the first rule that applies:
 3. what follows the last "answer is" / "answer:" up to the end of its sentence;
 4. the whole response, when it is one expression with no words (`\\dfrac{3}{4}`, `(1,2)`);
 5. the last latex environment (`$...$`, `\\(...\\)`, `\\[...\\]`), when the response ends with it;
-6. the last number (`1,000`, `-2.5`, `3/4`, `1e3`).
+6. the equation of numbers the response ends with (`... she sold 48+24 = 72.`, `72 = 48+24.`);
+7. the last number (`1,000`, `-2.5`, `3/4`, `1e3`).
 `reference_answer(reference)` reads a reference: the text after its last `####` (a GSM8K
 solution), else its last `\\boxed{}` (a MATH solution), else all of it. Both are then put in one
 form by `normalize_answer` (plain numbers as exact fractions: "1,000.0", "+01000" and "1e3" are
@@ -20,6 +21,14 @@ equal forms agree; answers made of words compare as case-folded text; anything e
 as latex and compared by Hugging Face's math-verify (`math_verify.parse` and `verify`: `1/2` =
 `\\frac{1}{2}` = `0.5`, `x=3` = `3`, `12\\text{ apples}` = `12`, `(1, 2)` = `(1,2)`). A
 malformed answer gets 0.0; math_reward never raises on what a response contains.
+
+An answer that is an equation (`48+24 = 72`, `... 48/2 = 24, 48+24 = 72.`, `#### 48+24 = 72`)
+is graded by the right-hand side of its last `=`, since a worked response's last step states the
+result there; the reference itself is no equation (a reference with `=` is compared whole). It
+stays strict: only the last right-hand side counts (`48+24 = 72 = 71` is 71), and a plain number
+just left of that `=` must agree too (`71 = 48+24` states 71, so it gets 0.0, while
+`72 = 48+24` gets 1.0). `<=`, `>=`, `!=`, `==`, `:=` and answers with `<`, `>`, `\\le`, `\\ge`,
+`\\ne` are comparisons, not equations, and are compared whole.
 
 math-verify bounds its parsing and comparison time with SIGALRM, which only the main thread may
 set (elsewhere it raises). math_reward passes a timeout of `TIMEOUT_S` seconds in the main thread
@@ -66,6 +75,10 @@ _SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
 _LATEX_AT_END = re.compile(r"(?s)(?:\$\$([^$]+)\$\$|\$([^$]+)\$"
                            r"|\\\[((?:(?!\\\]).)+)\\\]|\\\(((?:(?!\\\)).)+)\\\))[\s.!]*$")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+_EQUALS = re.compile(r"(?<![<>!=:])=(?!=)")  # an equation's "=", not <=, >=, !=, ==, :=
+_COMPARISON = re.compile(r"[<>≤≥≠]|!=|==|\\(?:le|ge|ne|leq|geq|neq|lt|gt)(?![A-Za-z])")
+_CLAUSE_BREAK = re.compile(r"[,;:\n]")  # what ends the text left of an equation's last "="
+_ARITHMETIC_CHARS = frozenset("0123456789.,+-*/×÷()^$= \t\n")
 
 
 class _Found(NamedTuple):
@@ -107,8 +120,23 @@ def _is_bare_expression(text: str) -> bool:
             and re.search(r"[A-Za-z]{2}", _LATEX_COMMAND.sub(" ", text)) is None)
 
 
+def _arithmetic_equation_at_end(text: str) -> str | None:
+    """The numbers, operators and `=` signs ending text (a final period dropped), when they
+    hold an equation with digits on both sides of its last `=`; else None. Scanned backwards
+    character by character: a regular expression anchored at the end would retry from every
+    start position of a long run of digits."""
+    start = len(text)
+    while start > 0 and text[start - 1] in _ARITHMETIC_CHARS:
+        start -= 1
+    tail = text[start:].strip().rstrip(".").strip()
+    left, equals, right = tail.rpartition("=")
+    if not equals or not any(c.isdigit() for c in left) or not any(c.isdigit() for c in right):
+        return None
+    return tail
+
+
 def _final_answer(text: str) -> _Found | None:
-    """The module docstring's rules 1-6, in order."""
+    """The module docstring's rules 1-7, in order."""
     boxed = _boxed(text)
     if boxed is not None:
         return _Found(boxed[0], boxed[1], True)
@@ -126,6 +154,9 @@ def _final_answer(text: str) -> _Found | None:
     content = next(g for g in latex.groups() if g).strip() if latex else ""
     if content:
         return _Found(content, len(text), False)
+    equation = _arithmetic_equation_at_end(text)
+    if equation is not None:
+        return _Found(equation, len(text), False)
     numbers = list(_NUMBER_IN_TEXT.finditer(text))
     return _Found(numbers[-1].group(), numbers[-1].end(), False) if numbers else None
 
@@ -207,13 +238,35 @@ def _equivalent(answer: str, reference: str) -> bool:
         return False  # that costs the answer its reward, never the batch
 
 
+def _final_equation(answer: str) -> tuple[str, str] | None:
+    """(the plain text just left of the last `=`, the text right of it) when answer is an
+    equation; None when it has no `=` or is a comparison."""
+    equals = list(_EQUALS.finditer(answer))
+    if not equals or _COMPARISON.search(answer):
+        return None
+    last = equals[-1]
+    left = answer[equals[-2].end() if len(equals) > 1 else 0:last.start()]
+    return _CLAUSE_BREAK.split(left)[-1].strip(), answer[last.end():].strip()
+
+
+def _answer_matches(answer: str, reference: str) -> bool:
+    """The module docstring's comparison, equations graded by their last right-hand side."""
+    equation = None if _EQUALS.search(reference) else _final_equation(answer)
+    if equation is None:
+        return _equivalent(answer, reference)
+    left, right = equation
+    if _exact_number(normalize_answer(left)) is not None and not _equivalent(left, reference):
+        return False  # "71 = 48+24" states a wrong result, whatever its right side is worth
+    return bool(right) and _equivalent(right, reference)
+
+
 def math_reward(prompt: str, response: str, reference: str) -> float:
     """1.0 if the response's final answer equals the reference's, else 0.0."""
     for name, value in (("response", response), ("reference", reference)):
         if not isinstance(value, str):
             raise TypeError(f"{name}: must be a str, got {type(value).__name__}")
     found = _final_answer(response)
-    return float(found is not None and _equivalent(found.answer, reference_answer(reference)))
+    return float(found is not None and _answer_matches(found.answer, reference_answer(reference)))
 
 
 def format_reward(prompt: str, response: str, reference: str) -> float:
