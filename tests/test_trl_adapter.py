@@ -151,9 +151,9 @@ def test_tlt_grpo_config_names_a_bad_field(trl_trainer_module, tmp_path, overrid
 def test_tlt_grpo_config_fields_become_the_rollout(trl_trainer_module, tmp_path):
     from tlt_core.drafting.tree import Strategy
 
-    config = trl_trainer_module.TLTGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False,
-                                              use_tlt=True, tlt_strategy="(3,1,4)", tlt_max_batch=6, seed=7,
-                                              tlt_check_logprobs=True)
+    config = trl_trainer_module.TLTGRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, use_tlt=True, tlt_strategy="(3,1,4)",
+        tlt_max_batch=6, seed=7, tlt_check_logprobs=True)
     rollout = trl_trainer_module.rollout_from_config(config)
     assert rollout.policy == Strategy(3, 1, 4) and rollout.engine_config.max_batch == 6
     assert rollout.seed == 7 and rollout.check_logprobs

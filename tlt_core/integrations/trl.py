@@ -10,11 +10,12 @@ the reward functions; `TLTRollout` adds none.
 `TLTRollout` is such a function. Each call:
 1. Weight sync: when `trainer.state.global_step` moved since the engine's weights were last
    copied, the trainer's model (unwrapped) is copied into the engine's target with
-   `load_state_dict` (names map 1:1, as in tlt_core.model.checkpoint). A PEFT LoRA model
-   (GRPOTrainer's `peft_config`) is copied merged: base + B @ A * scaling per adapted layer,
-   computed into new tensors by `peft_weights.merged_weights`, the trainer's adapters untouched. That writes the parameters in
-   place, so the engine's packed copy of them is rebuilt, and the drafter, which reads the
-   target's embedding, norm and head, sees the new ones. The same moment TRL syncs vLLM.
+   `load_state_dict` (names map 1:1, as in tlt_core.model.checkpoint). That writes the
+   parameters in place, so the engine's packed copy of them is rebuilt, and the drafter, which
+   reads the target's embedding, norm and head, sees the new ones. The same moment TRL syncs
+   vLLM. A PEFT LoRA model (GRPOTrainer's `peft_config`) is copied merged: base +
+   B @ A * scaling per adapted layer, computed into new tensors by
+   `peft_weights.merged_weights`, the trainer's adapters left unmerged.
 2. Prompts are tokenized by TRL's own code (`trainer._tokenize_prompts`, chat template included),
    so the ids are the ones TRL's built-in generation would use.
 3. Consecutive equal prompts become one `Request(n=run length)`, a GRPO group (siblings share

@@ -97,6 +97,7 @@ class TLTGRPOTrainer(GRPOTrainer):
             raise ValueError("rollout_func: use_tlt=True makes tlt_core's engine the "
                              "rollout_func; pass one or the other")
         self.tlt_rollout = rollout_from_config(args) if use_tlt else None
-        super().__init__(model, reward_funcs, args, *positional,
-                         rollout_func=rollout_func if self.tlt_rollout is None else self.tlt_rollout,
+        if self.tlt_rollout is not None:
+            rollout_func = self.tlt_rollout
+        super().__init__(model, reward_funcs, args, *positional, rollout_func=rollout_func,
                          **kwargs)

@@ -1,6 +1,9 @@
 """Rewards: the math-answer verifier, a format reward, and running user reward functions safely.
 
-A reward function is any `fn(prompt: str, response: str, reference: str) -> float`.
+A reward function is `fn(prompt: str, response: str, reference: str) -> float`, or one written
+for TRL (`f(prompts, completions, **kwargs) -> list[float]`) or veRL
+(`compute_score(data_source, solution_str, ground_truth, extra_info=None)`), told apart by its
+parameters (tlt_core.tasks.reward_signatures).
 
 `math_reward` is 1.0 when a response's final answer equals the reference answer, else 0.0. It
 reads one final answer per response, never "any of its numbers", so listing candidates earns
@@ -40,7 +43,9 @@ explicit form (rules 1-3), else 0.0; `RewardMix(math=1.0, format=0.1)` is their 
 itself a reward function.
 
 `score_all` runs a reward function over a batch: an exception or a non-finite value in one sample
-is recorded against that sample (reward 0.0 and the error's text), never fatal to the run.
+is recorded against that sample (reward 0.0 and the error's text, which names the function),
+never fatal to the run. A batched (TRL) function that raises, or returns the wrong number of
+values, is called again one sample at a time, so only the samples it fails on lose their reward.
 """
 
 from __future__ import annotations
@@ -51,7 +56,10 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+from tlt_core.tasks.reward_signatures import (TRL, RewardBatch, call_batched, call_per_sample,
+                                              reward_name, reward_signature)
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -303,15 +311,54 @@ class Scored:
     error: str | None = None  # why this sample's reward function failed, if it did
 
 
-def score_all(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str],
-              references: Sequence[str]) -> list[Scored]:
-    out = []
-    for prompt, response, reference in zip(prompts, responses, references):
+def score_all(fn: Callable, prompts: Sequence[str], responses: Sequence[str],
+              references: Sequence[str], *,
+              messages: Sequence[tuple[dict, ...] | None] | None = None,
+              rows: Sequence[Mapping[str, Any]] | None = None) -> list[Scored]:
+    """fn's reward for each sample, in any of the signatures reward_signatures knows; messages
+    (the prompts as chat messages, None where a prompt was text) and rows (each sample's data
+    row) are what TRL's and veRL's functions may read beyond the text."""
+    count = len(responses)
+    batch = RewardBatch(prompts, responses, references,
+                        [None] * count if messages is None else messages,
+                        [{}] * count if rows is None else rows)
+    for name, values in (("prompts", prompts), ("references", references),
+                         ("messages", batch.messages), ("rows", batch.rows)):
+        if len(values) != count:
+            raise ValueError(f"{name}: {len(values)} entries for {count} responses")
+    return _score(fn, reward_signature(fn), reward_name(fn), batch)
+
+
+def _score(fn: Callable, signature: str, name: str, batch: RewardBatch) -> list[Scored]:
+    count = len(batch.responses)
+    if signature == TRL:
         try:
-            value = float(fn(prompt, response, reference))
-            if not math.isfinite(value):
-                raise ValueError(f"the reward is {value}")
-            out.append(Scored(value))
+            return [_scored(name, value) for value in call_batched(fn, batch)]
+        except Exception as error:  # noqa: BLE001 - find the samples it fails on, one at a time
+            if count == 1:
+                return [_failed(name, error)]
+            return [_score(fn, signature, name, batch.sample(index))[0] for index in range(count)]
+    out = []
+    for index in range(count):
+        try:
+            out.append(_scored(name, call_per_sample(fn, signature, batch, index)))
         except Exception as error:  # noqa: BLE001 - a user's function may raise anything
-            out.append(Scored(0.0, f"{type(error).__name__}: {error}"))
+            out.append(_failed(name, error))
     return out
+
+
+def _scored(name: str, value) -> Scored:
+    """A raw reward as a Scored: a finite number, else an error naming the function."""
+    if value is None or isinstance(value, (str, bytes)):
+        return Scored(0.0, f"{name}: returned {value!r}, not a number")
+    try:
+        reward = float(value)
+    except (TypeError, ValueError) as error:
+        return Scored(0.0, f"{name}: returned {value!r}, not a number ({error})")
+    if not math.isfinite(reward):
+        return Scored(0.0, f"{name}: ValueError: the reward is {reward}")
+    return Scored(reward)
+
+
+def _failed(name: str, error: Exception) -> Scored:
+    return Scored(0.0, f"{name}: {type(error).__name__}: {error}")
