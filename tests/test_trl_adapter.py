@@ -126,6 +126,22 @@ def test_a_precision_gap_with_trls_recomputation_is_named_with_its_dtypes_and_th
     assert _precision_warnings(StandInTrainer(policy), _tiny_model(1)) == []  # fp32 both
 
 
+def test_a_drafter_folder_is_loaded_onto_the_target_built_from_the_trainers_model(tmp_path):
+    from tlt_core.drafting.drafter import Drafter
+    from tlt_core.drafting.tree import Strategy
+    from tlt_core.integrations import TLTRollout
+
+    example = load_example("trl_grpo_tlt")
+    saved = Drafter(example.tiny_target(0))
+    saved.save(tmp_path / "drafter")
+    rollout = TLTRollout(drafter=tmp_path / "drafter", strategy=Strategy(3, 1, 4))
+    rollout(["12+34"] * 2, StandInTrainer(example._hf_model(example.tiny_target(0))))
+    assert isinstance(rollout.drafter, Drafter) and rollout.drafter.target is rollout.target
+    for name, value in saved.state_dict().items():
+        assert torch.equal(rollout.drafter.state_dict()[name], value), name
+    assert rollout.calls[-1].sd_steps > 0
+
+
 # ---- selecting the engine from TRL's config -------------------------------------------------
 
 
