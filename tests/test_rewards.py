@@ -89,6 +89,8 @@ def test_the_final_answer_is_the_last_one_stated(response, answer):
     ("\\boxed{48+24=72}", 1.0),
     ("Total: 72 = 48+24.", 1.0),  # the result on the left, its value on the right
     ("48+24 = 70+2", 1.0),
+    ("In April 48.\nTotal: 72 = 48+24.\n", 1.0),
+    ("We check 5 = 5\n72", 1.0),  # an equation on an earlier line is not the last line's
     # strict: the last right-hand side, and a plain number just left of it, must be right
     ("Natalia sold 48/2 = 24 clips in May. Altogether she sold 48+24 = 71.", 0.0),
     ("... 48+24 = 71.", 0.0),

@@ -14,7 +14,7 @@ nothing. `math_answer(response)` finds it, by the first rule that applies:
 3. what follows the last "answer is" / "answer:" up to the end of its sentence;
 4. the whole response, when it is one expression with no words (`\\dfrac{3}{4}`, `(1,2)`);
 5. the last latex environment (`$...$`, `\\(...\\)`, `\\[...\\]`), when the response ends with it;
-6. the equation of numbers the response ends with (`... she sold 48+24 = 72.`, `72 = 48+24.`);
+6. the equation of numbers its last line ends with (`... she sold 48+24 = 72.`, `72 = 48+24.`);
 7. the last number (`1,000`, `-2.5`, `3/4`, `1e3`).
 `reference_answer(reference)` reads a reference: the text after its last `####` (a GSM8K
 solution), else its last `\\boxed{}` (a MATH solution), else all of it. Both are then put in one
@@ -86,7 +86,7 @@ _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
 _EQUALS = re.compile(r"(?<![<>!=:])=(?!=)")  # an equation's "=", not <=, >=, !=, ==, :=
 _COMPARISON = re.compile(r"[<>≤≥≠]|!=|==|\\(?:le|ge|ne|leq|geq|neq|lt|gt)(?![A-Za-z])")
 _CLAUSE_BREAK = re.compile(r"[,;:\n]")  # what ends the text left of an equation's last "="
-_ARITHMETIC_CHARS = frozenset("0123456789.,+-*/×÷()^$= \t\n")
+_ARITHMETIC_CHARS = frozenset("0123456789.,+-*/×÷()^$= \t")  # on the last line
 
 
 class _Found(NamedTuple):
@@ -129,10 +129,11 @@ def _is_bare_expression(text: str) -> bool:
 
 
 def _arithmetic_equation_at_end(text: str) -> str | None:
-    """The numbers, operators and `=` signs ending text (a final period dropped), when they
-    hold an equation with digits on both sides of its last `=`; else None. Scanned backwards
+    """The numbers, operators and `=` signs ending text's last line (a final period dropped),
+    when they hold an equation with digits on both sides of its last `=`; else None. Scanned backwards
     character by character: a regular expression anchored at the end would retry from every
     start position of a long run of digits."""
+    text = text.rstrip()
     start = len(text)
     while start > 0 and text[start - 1] in _ARITHMETIC_CHARS:
         start -= 1
