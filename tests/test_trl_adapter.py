@@ -12,13 +12,13 @@ import torch
 
 from tests.test_examples import StandInTrainer, _tiny_model, load_example
 
-pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
 TOLERANCE = 1e-4  # fp32, the same weights in two implementations: ~1e-6
 
 
 def _peft_model(seed: int):
+    pytest.importorskip("peft")
     from peft import get_peft_model
 
     example = load_example("trl_grpo_tlt")
@@ -83,6 +83,7 @@ def test_lora_policy_engine_logprobs_equal_the_peft_models_at_every_sync():
 
 
 def test_merged_weights_refuse_what_a_merge_cannot_carry():
+    pytest.importorskip("peft")
     from peft import LoraConfig, PrefixTuningConfig, get_peft_model
 
     from tlt_core.integrations.peft_weights import merged_weights
@@ -212,6 +213,7 @@ def test_use_tlt_in_grpo_config_makes_the_engine_trls_generator(trl_trainer_modu
 def test_trl_trains_lora_adapters_and_the_engine_generates_with_them():
     pytest.importorskip("trl")
     pytest.importorskip("datasets")
+    pytest.importorskip("peft")
     module = load_example("trl_grpo_tlt")
     result = module.main(["--lora"])  # peft_config given to GRPOTrainer; asserts itself
     assert [c.weights_step for c in result["calls"]] == [0, 1]
