@@ -116,6 +116,63 @@ def test_parquet_rows(tmp_path):
         load_prompts(path, on_bad_rows="error")
 
 
+VERL_ROW = {  # veRL's GSM8K preprocessing: chat-message prompt, nested ground truth
+    "data_source": "openai/gsm8k",
+    "prompt": [{"role": "user", "content": GSM8K_ROW["question"]}],
+    "ability": "math",
+    "reward_model": {"style": "rule", "ground_truth": "72"},
+    "extra_info": {"split": "train", "index": 0, "answer": GSM8K_ROW["answer"],
+                   "question": GSM8K_ROW["question"]},
+}
+
+
+def _verl_files(tmp_path) -> dict[str, Path]:
+    """The same veRL rows as JSON Lines, Parquet and a saved datasets folder."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    datasets = pytest.importorskip("datasets")
+    rows = [VERL_ROW, {**VERL_ROW, "reward_model": {"style": "rule", "ground_truth": "9"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "verl.parquet")
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "verl"))
+    return {"jsonl": write_lines(tmp_path / "verl.jsonl", rows),
+            "parquet": tmp_path / "verl.parquet", "datasets": tmp_path / "verl"}
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "datasets"])
+def test_dotted_field_paths_read_verl_data(tmp_path, kind):
+    path = _verl_files(tmp_path)[kind]
+    for answer_key in (None, "reward_model.ground_truth"):  # veRL's path is a default too
+        data = load_prompts(path, answer_key=answer_key)
+        assert (data.prompt_key, data.answer_key) == ("prompt", "reward_model.ground_truth")
+        assert [(e.prompt, e.answer) for e in data.examples] == [
+            (GSM8K_ROW["question"], "72"), (GSM8K_ROW["question"], "9")]
+        assert data.examples[0].messages == tuple(VERL_ROW["prompt"])
+        assert data.examples[0].row["data_source"] == "openai/gsm8k"  # kept for rewards
+        assert data.examples[0].row["extra_info"]["index"] == 0
+    other = load_prompts(path, prompt_key="extra_info.question", answer_key="extra_info.answer")
+    assert [(e.prompt, e.answer) for e in other.examples][0] == (GSM8K_ROW["question"], "72")
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "datasets"])
+def test_bad_input_gets_a_clear_error_a_missing_field_path_names_the_keys_there(tmp_path, kind):
+    path = _verl_files(tmp_path)[kind]
+    with pytest.raises(DataError, match=r"no 'reward_model\.answer' field \('reward_model' has "
+                                        r"'style', 'ground_truth'\)"):
+        load_prompts(path, answer_key="reward_model.answer")
+    with pytest.raises(DataError, match=r"'reward_model\.ground_truth\.value'.*"
+                                        r"'reward_model\.ground_truth' is a str"):
+        load_prompts(path, answer_key="reward_model.ground_truth.value")
+    with pytest.raises(DataError, match=r"no 'query' field \(the row's keys: 'data_source', "
+                                        r"'prompt', 'ability', 'reward_model', 'extra_info'\)"):
+        load_prompts(path, prompt_key="query")
+
+
+def test_a_key_with_a_dot_in_its_name_is_read_as_that_key(tmp_path):
+    path = write_lines(tmp_path / "data.jsonl", [
+        {"prompt": "2+2?", "reward_model.ground_truth": "4", "reward_model": {"ground_truth": 5}}])
+    assert load_prompts(path, answer_key="reward_model.ground_truth").examples[0].answer == "4"
+
+
 def test_a_saved_dataset_folder(tmp_path):
     datasets = pytest.importorskip("datasets")
     splits = datasets.DatasetDict({

@@ -79,6 +79,36 @@ def test_the_final_answer_is_the_last_one_stated(response, answer):
     assert math_answer(response) == answer
 
 
+@pytest.mark.parametrize("response, reward", [
+    # a worked response ends with its last step's equation: its right-hand side is the answer
+    ("Natalia sold 48/2 = 24 clips in May. Altogether she sold 48+24 = 72.", 1.0),
+    ("... 48+24 = 72.", 1.0),
+    ("48/2=24, 48+24 = 72.", 1.0),
+    ("#### 48+24 = 72", 1.0),
+    ("The answer is 48 + 24 = 72 clips.", 1.0),
+    ("\\boxed{48+24=72}", 1.0),
+    ("Total: 72 = 48+24.", 1.0),  # the result on the left, its value on the right
+    ("48+24 = 70+2", 1.0),
+    ("In April 48.\nTotal: 72 = 48+24.\n", 1.0),
+    ("We check 5 = 5\n72", 1.0),  # an equation on an earlier line is not the last line's
+    # strict: the last right-hand side, and a plain number just left of it, must be right
+    ("Natalia sold 48/2 = 24 clips in May. Altogether she sold 48+24 = 71.", 0.0),
+    ("... 48+24 = 71.", 0.0),
+    ("48+24 = 72 = 71", 0.0),
+    ("Total: 71 = 48+24.", 0.0),
+    ("72 = 48+23", 0.0),
+    ("48+24 =", 0.0),
+    ("x <= 72", 0.0),  # a comparison, not an equation
+])
+def test_a_final_equation_is_graded_by_its_right_hand_side(response, reward):
+    assert math_reward("", response, GSM8K_SOLUTION) == reward
+
+
+def test_an_equation_reference_is_compared_whole():
+    assert math_reward("", "y = 2x+1", "y=2x+1") == 1.0
+    assert math_reward("", "y = 2x+2", "y=2x+1") == 0.0
+
+
 def test_reference_answers():
     assert reference_answer(GSM8K_SOLUTION) == "72"
     assert reference_answer("so $x$ is \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"

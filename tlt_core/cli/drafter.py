@@ -51,9 +51,9 @@ def add_parsers(commands) -> None:
                        help="the drafter folder to write")
     train.add_argument("--prompts", type=int, metavar="N",
                        help="use the first N prompts of --data (default: all)")
-    train.add_argument("--prompt-field", metavar="NAME",
-                       help="the data's prompt field (default: the first of prompt, question, "
-                            "problem, messages it has)")
+    train.add_argument("--prompt-field", metavar="PATH",
+                       help="the data's prompt field, dotted for a nested one (default: the "
+                            "first of prompt, question, problem, messages it has)")
     train.add_argument("--split", metavar="NAME", help="the split of a datasets folder")
     train.add_argument("--draft-vocab", type=int, default=DEFAULTS.draft_vocab, metavar="V",
                        help="the drafter's head covers the V token ids the responses use most "

@@ -104,20 +104,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", type=Path, metavar="DIR",
                         help="a drafter for --model: a Drafter.save folder or a `tlt export "
                              "drafter` export (without one, TLT uses suffix-match drafts only)")
-    parser.add_argument("--prompt-field", metavar="NAME",
-                        help="the data's prompt field (default: the first of prompt, question, "
+    parser.add_argument("--prompt-field", metavar="PATH",
+                        help="the data's prompt field, dotted for a nested one "
+                             "(extra_info.question; default: the first of prompt, question, "
                              "problem, messages it has); a list of chat messages is a chat")
-    parser.add_argument("--answer-field", metavar="NAME",
-                        help="the data's reference-answer field (default: the first of answer, "
-                             "solution, reference; GSM8K's '... #### 72' means 72)")
+    parser.add_argument("--answer-field", metavar="PATH",
+                        help="the data's reference-answer field, dotted for a nested one "
+                             "(default: the first of answer, solution, reference, "
+                             "reward_model.ground_truth; GSM8K's '... #### 72' means 72)")
     parser.add_argument("--split", metavar="NAME",
                         help="the split of a Hugging Face datasets folder (default: train)")
     add_placement_arguments(parser)
     add_prompt_arguments(parser)
     parser.add_argument("--reward", default="math", metavar="math|math+format|MODULE:FUNCTION",
                         help="the reward: math (math-verify's answer check), math+format (plus "
-                             "0.1 for a final answer in a recognised form), or a function "
-                             "taking (prompt, response, reference)")
+                             "0.1 for a final answer in a recognised form), or a function: "
+                             "f(prompt, response, reference), TRL's f(prompts, completions, "
+                             "**kwargs) or veRL's compute_score(data_source, solution_str, "
+                             "ground_truth, extra_info), told apart by its parameters")
     parser.add_argument("--strict-data", action="store_true",
                         help="stop on malformed data rows instead of skipping them")
     parser.add_argument("--tensorboard", choices=("auto", "on", "off"), default="auto",

@@ -10,9 +10,12 @@ the reward functions; `TLTRollout` adds none.
 `TLTRollout` is such a function. Each call:
 1. Weight sync: when `trainer.state.global_step` moved since the engine's weights were last
    copied, the trainer's model (unwrapped) is copied into the engine's target with
-   `load_state_dict` (names map 1:1, as in tlt_core.model.checkpoint). That writes the parameters in
-   place, so the engine's packed copy of them is rebuilt, and the drafter, which reads the
-   target's embedding, norm and head, sees the new ones. The same moment TRL syncs vLLM.
+   `load_state_dict` (names map 1:1, as in tlt_core.model.checkpoint). That writes the
+   parameters in place, so the engine's packed copy of them is rebuilt, and the drafter, which
+   reads the target's embedding, norm and head, sees the new ones. The same moment TRL syncs
+   vLLM. A PEFT LoRA model (GRPOTrainer's `peft_config`) is copied merged: base +
+   B @ A * scaling per adapted layer, computed into new tensors by
+   `peft_weights.merged_weights`, the trainer's adapters left unmerged.
 2. Prompts are tokenized by TRL's own code (`trainer._tokenize_prompts`, chat template included),
    so the ids are the ones TRL's built-in generation would use.
 3. Consecutive equal prompts become one `Request(n=run length)`, a GRPO group (siblings share
@@ -24,6 +27,10 @@ the reward functions; `TLTRollout` adds none.
    on the engine at first use).
 5. Returns the rollouts' prompt ids, tokens and target log-probs; records a `RolloutCall` in
    `calls` and, where TRL offers it, logs `tlt/*` metrics next to TRL's own.
+
+Precision: the engine's log-probs are its target's dtype (float32 when built from the trainer's
+model); TRL recomputes them under `accelerator.autocast()`, in bf16 with GRPOConfig's default
+bf16=True. A warning at the first call names such a mismatch and the setting that removes it.
 
 Log-probs, honestly: without vLLM, TRL 1.16 uses the returned log-probs only for its off-policy
 mask (`off_policy_mask_threshold`); its importance-sampling correction and its
@@ -37,9 +44,13 @@ weights synced the gap is float noise (~1e-6); the engine's log-probs are of the
 sampled from, after top-k / top-p, while TRL's recomputation applies the temperature only, so
 the two agree where top_k = 0 and top_p = 1 (TRL's defaults).
 
+Chosen from TRL's config: `trl_trainer.TLTGRPOConfig(use_tlt=True)` with `TLTGRPOTrainer`.
+
 Not supported (a clear error at the first call): vLLM, tools / environments (TRL would continue
 generation with its own model), images, `repetition_penalty` != 1, `min_p`,
-`generation_kwargs`, and DeepSpeed / FSDP (the model would need gathering before the copy). The
+`generation_kwargs`, DeepSpeed / FSDP (the model would need gathering before the copy), and
+PEFT methods other than plain LoRA (DoRA, prompt / prefix tuning, LoRA on a tied embedding;
+see peft_weights). The
 drafter is not trained here: spot training needs tlt_core's worker group (tlt_core.workers);
 with a fixed drafter, SD's acceptance drops as the policy drifts, never its correctness.
 
@@ -50,6 +61,7 @@ absent).
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
@@ -64,6 +76,7 @@ from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.hooks import Speculation
 from tlt_core.engine.records import Request, RolloutResult, SamplingParams
 from tlt_core.engine.sampling import sample_seed
+from tlt_core.integrations.peft_weights import merged_weights
 from tlt_core.model.transformer import ModelConfig, Transformer
 
 __all__ = ["TLTRollout", "RolloutCall", "transformer_from_hf"]
@@ -92,19 +105,19 @@ class RolloutCall:
 
 def transformer_from_hf(hf_model: torch.nn.Module) -> Transformer:
     """A tlt_core Transformer with hf_model's config and a copy of its weights (Llama, Qwen2 and
-    Qwen3 families), on hf_model's device in float32."""
+    Qwen3 families; a PEFT LoRA model's merged), on hf_model's device in float32."""
     config = ModelConfig.from_hf_config(hf_model.config.to_dict())
     device = next(hf_model.parameters()).device
     with torch.device(device):
         model = Transformer(config)
-    _copy_weights(hf_model, model)
+    _copy_weights(merged_weights(hf_model), model)
     return model.eval()
 
 
-def _copy_weights(source: torch.nn.Module, target: Transformer) -> None:
-    """source's parameters into target's, in place (names map 1:1; a tied lm_head that source
-    does not list is its embedding)."""
-    state = source.state_dict()
+def _copy_weights(weights: dict[str, torch.Tensor], target: Transformer) -> None:
+    """weights (by transformers' names, as `merged_weights` gives them) into target's, in place;
+    a tied lm_head that weights do not list is its embedding."""
+    state = dict(weights)
     if target.config.tie_word_embeddings and "lm_head.weight" not in state:
         state["lm_head.weight"] = state.get("model.embed_tokens.weight")
     wanted = target.state_dict()
@@ -125,7 +138,8 @@ class TLTRollout:
 
     target: the engine's model, a tlt_core Transformer of the trainer's model's architecture (its
     weights are overwritten from the trainer's at the first call); None builds one from the
-    trainer's model. drafter: a Drafter attached to target, or None.
+    trainer's model. drafter: a Drafter attached to target, a drafter folder (`Drafter.load`
+    onto the target once it is built), or None.
     strategy: None, a Strategy / SuffixMatch plan, a PlanPolicy or function of the batch size,
     or "adaptive": an AdaptivePolicy over `plans` (default: DEFAULT_PLANS and SuffixMatch(8)),
     calibrated at the first call on up to max_batch rows.
@@ -133,11 +147,12 @@ class TLTRollout:
     generation batch); max_len grows as prompts need. seed: the base of every sample's seed.
     check_logprobs: compare with TRL's recomputation at every call (one extra forward)."""
 
-    def __init__(self, target: Transformer | None = None, *, drafter: Drafter | None = None,
+    def __init__(self, target: Transformer | None = None, *,
+                 drafter: Drafter | str | os.PathLike | None = None,
                  strategy: Speculation | str = ADAPTIVE, plans: Sequence[DraftPlan] | None = None,
                  engine_config: EngineConfig | None = None, seed: int = 0,
                  check_logprobs: bool = False):
-        if drafter is not None and (target is None or drafter.target is not target):
+        if isinstance(drafter, Drafter) and (target is None or drafter.target is not target):
             raise ValueError("drafter: must be attached to `target` (Drafter(target) or "
                              "Drafter.load(folder, target))")
         self.adaptive = isinstance(strategy, str)
@@ -166,7 +181,7 @@ class TLTRollout:
         self._ensure_engine(model, max(map(len, prompt_ids)) + max_tokens, prompt_ids, trainer)
         step = int(trainer.state.global_step)
         if self._weights_step != step:
-            _copy_weights(model, self.target)
+            _copy_weights(merged_weights(model), self.target)
             self._weights_step = step
 
         params = SamplingParams(temperature=float(trainer.temperature),
@@ -195,6 +210,10 @@ class TLTRollout:
             return
         if self.target is None:
             self.target = transformer_from_hf(model)
+        if self.drafter is not None and not isinstance(self.drafter, Drafter):
+            self.drafter = Drafter.load(self.drafter, self.target)
+        if self.engine is None:
+            _warn_precision_gap(trainer, model, self.target)
         if self.engine_config is None:  # rows for a whole call: TRL's generation batch
             self.engine_config = EngineConfig(max_batch=len(prompt_ids))
         max_len = max(need, self.engine_config.max_len if self.engine is None
@@ -202,7 +221,7 @@ class TLTRollout:
         self.engine = RolloutEngine(self.target, replace(self.engine_config, max_len=max_len),
                                     self.drafter)
         if self.adaptive and self.policy is None:
-            _copy_weights(model, self.target)  # calibrate on the trainer's weights
+            _copy_weights(merged_weights(model), self.target)  # calibrate on the trainer's
             plans = self.plans or (DEFAULT_PLANS + (SuffixMatch(8),))
             # no stop ids: calibration times steps at each batch size, so rows must not end
             calibration = [Request(ids, SamplingParams(temperature=float(trainer.temperature),
@@ -296,3 +315,39 @@ def _check_supported(trainer: Any) -> None:
                       "the truncated distribution it sampled from; TRL's recomputation applies "
                       "the temperature only, so the two differ by the log of the kept mass",
                       stacklevel=3)
+
+
+def _trainer_compute_dtype(trainer: Any, model: torch.nn.Module) -> torch.dtype:
+    """The dtype of TRL's log-prob forwards: accelerate's autocast dtype under GRPOConfig bf16 /
+    fp16 (TRL wraps `_get_per_token_logps_and_entropies`'s forward in
+    `accelerator.autocast()`), else the model's own parameter dtype."""
+    args = getattr(trainer, "args", None)
+    if getattr(args, "bf16", False):
+        return torch.bfloat16
+    if getattr(args, "fp16", False):
+        return torch.float16
+    return next(model.parameters()).dtype
+
+
+def _warn_precision_gap(trainer: Any, model: torch.nn.Module, target: Transformer) -> None:
+    """Warns when the engine's log-probs and TRL's recomputation of them are computed in
+    different dtypes: the two then differ by rounding (about 1e-2 per token in bf16), which TRL
+    reads as off-policy drift, and TRL corrects for it (vllm_importance_sampling_correction)
+    only on its vLLM path."""
+    engine_dtype = next(target.parameters()).dtype
+    trainer_dtype = _trainer_compute_dtype(trainer, model)
+    if engine_dtype == trainer_dtype:
+        return
+    flag = next((name for name in ("bf16", "fp16")
+                 if getattr(getattr(trainer, "args", None), name, False)), None)
+    if flag is not None:
+        default = " (TRL's default)" if flag == "bf16" else ""
+        cause = (f"TRL recomputes them (old_per_token_logps and the loss's per_token_logps) "
+                 f"under {trainer_dtype} autocast, as GRPOConfig {flag}=True{default} asks")
+        fix = f"Set {flag}=False and load the model in float32 for equal log-probs"
+    else:
+        cause = f"TRL recomputes them with its {trainer_dtype} model"
+        fix = f"Give TLTRollout a {trainer_dtype} target for equal log-probs"
+    warnings.warn(f"TLTRollout: the engine computes log-probs in {engine_dtype} while {cause}; "
+                  "the two differ by rounding, which TRL's off-policy mask and loss read as a "
+                  f"policy change. {fix} (check_logprobs=True measures the gap)", stacklevel=4)

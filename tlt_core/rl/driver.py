@@ -96,7 +96,7 @@ from tlt_core.rl.losses import (LossParts, kl_estimate, ppo_clip_loss, response_
 from tlt_core.rl.update import (BeforeUpdate, MicroBatch, UpdatePlan, UpdateTotals, ValueParts,
                                 micro_batch_weights, pack_micro_batch, plan_update)
 from tlt_core.tasks.inputs import Prompt
-from tlt_core.tasks.rewards import RewardFn, score_all
+from tlt_core.tasks.rewards import RewardFn, Scored, score_all
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.harvest import HarvestBuffer
 from tlt_core.workers.refresh import refresh
@@ -310,9 +310,8 @@ class RLDriver:
                 rollouts, stats = self._forced_rollout(prompts, step, offered)
             kept.rounds.append(stats)
             offered += len(prompts)
-            scored = score_all(self.reward_fn, [prompts[r.request_index].text for r in rollouts],
-                               [self.detokenize(r.tokens.tolist()) for r in rollouts],
-                               [prompts[r.request_index].reference for r in rollouts])
+            scored = _score(self.reward_fn, [prompts[r.request_index] for r in rollouts],
+                            [self.detokenize(r.tokens.tolist()) for r in rollouts])
             kept.all_scores += [s.reward for s in scored]
             kept.all_lengths += [len(r.tokens) for r in rollouts]
             kept.truncated += sum(r.finish_reason == "length" for r in rollouts)
@@ -594,10 +593,8 @@ class RLDriver:
                                   n=config.eval_samples) for i, p in enumerate(self.evaluation)]
         rollouts, _ = rollout_round(self.group, self.engine, requests, round_id=self._round_id(),
                                     strategy=self._rollout_policy())
-        scored = score_all(self.reward_fn,
-                           [self.evaluation[r.request_index].text for r in rollouts],
-                           [self.detokenize(r.tokens.tolist()) for r in rollouts],
-                           [self.evaluation[r.request_index].reference for r in rollouts])
+        scored = _score(self.reward_fn, [self.evaluation[r.request_index] for r in rollouts],
+                        [self.detokenize(r.tokens.tolist()) for r in rollouts])
         groups = [[] for _ in self.evaluation]
         for rollout, score in zip(rollouts, scored):
             groups[rollout.request_index].append(score.reward)
@@ -700,6 +697,14 @@ class RLDriver:
         except FileNotFoundError as error:
             raise FileNotFoundError(f"resume: {error}") from None
         self.load_state_dict(state)
+
+
+def _score(reward_fn: RewardFn, prompts: list[Prompt], responses: list[str]) -> list[Scored]:
+    """score_all over samples of these prompts, with what TRL- and veRL-style reward functions
+    read besides the text (the chat messages, the data row)."""
+    return score_all(reward_fn, [p.text for p in prompts], responses,
+                     [p.reference for p in prompts], messages=[p.messages for p in prompts],
+                     rows=[p.row for p in prompts])
 
 
 def _adaptive_plans(config: TrainConfig) -> tuple[tuple[DraftPlan, ...], MeasuredPlans | None]:

@@ -13,9 +13,15 @@ error rather than ignored.
 
 Fields. `prompt_key=None` takes the first of PROMPT_KEYS the data has ("prompt", "question",
 "problem", "messages"), `answer_key=None` the first of ANSWER_KEYS ("answer", "solution",
-"reference"); a key given explicitly is the only one looked for. The choice is made once, at the
-first row that has one of the fields, so every row is read the same way; Dataset.prompt_key and
-Dataset.answer_key say which was used.
+"reference", and veRL's "reward_model.ground_truth"); a key given explicitly is the only one
+looked for. The choice is made once, at the first row that has one of the fields, so every row
+is read the same way; Dataset.prompt_key and Dataset.answer_key say which was used.
+A key is a field path: a row's own key when it has one of that name, else dotted steps into
+nested objects (`reward_model.ground_truth` in veRL's Parquet files, whose `prompt` is a list
+of chat messages). A row without it is a bad row whose report names the path, the step that is
+missing and the keys found there. Example.row keeps every field of the row, for reward functions
+that take more than the prompt and the answer (TRL's keyword columns, veRL's `data_source` and
+`extra_info`).
 - A prompt is a non-empty string, or chat messages: a list of {"role": str, "content": str}
   objects (roles in ROLES) with a user message. Example.messages keeps them; Example.prompt is
   the last user message's text, which is what a reward function sees.
@@ -39,14 +45,15 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from tlt_core.tasks.rewards import reference_answer
 
 PROMPT_KEYS = ("prompt", "question", "problem", "messages")
-ANSWER_KEYS = ("answer", "solution", "reference")
+ANSWER_KEYS = ("answer", "solution", "reference", "reward_model.ground_truth")
+SHOWN_KEYS = 20  # keys listed when a field path is missing
 ROLES = ("system", "developer", "user", "assistant", "tool")
 DATASETS_FORMATS = {".csv": "csv", ".json": "json"}  # suffix -> datasets' builder
 UTF8_BOM = b"\xef\xbb\xbf"  # some editors start a UTF-8 file with it
@@ -63,6 +70,7 @@ class Example:
     line: int  # 1-based line (JSON Lines) or row (other formats) in the data
     solution: str | None = None  # the answer field's full text, when it was a worked solution
     messages: tuple[dict, ...] | None = None  # the chat messages, when the prompt was messages
+    row: dict = field(default_factory=dict)  # every field of the row, as read
 
 
 @dataclass(frozen=True)
@@ -102,11 +110,11 @@ def load_prompts(path: str | Path, *, prompt_key: str | None = None,
         if not isinstance(row, dict):
             bad.append((number, f"expected an object, got {type(row).__name__}"))
             continue
-        prompt_field = prompt_field or next((k for k in PROMPT_KEYS if k in row), None)
-        answer_field = answer_field or next((k for k in ANSWER_KEYS if k in row), None)
+        prompt_field = prompt_field or next((k for k in PROMPT_KEYS if _has(row, k)), None)
+        answer_field = answer_field or next((k for k in ANSWER_KEYS if _has(row, k)), None)
         try:
             examples.append(_example(row, number, prompt_field, answer_field)
-                            if require_answers or answer_field in row
+                            if require_answers or _has(row, answer_field)
                             else _prompt_only(row, number, prompt_field))
         except _BadRow as why:
             bad.append((number, str(why)))
@@ -117,18 +125,51 @@ def load_prompts(path: str | Path, *, prompt_key: str | None = None,
         raise DataError(f"data: {len(bad)} malformed rows in {path} ({shown}); fix them or "
                         "pass on_bad_rows='skip' (--skip-bad-rows)")
     if not examples:
+        first = f"; {unit} {bad[0][0]}: {bad[0][1]}" if bad else ""
         raise DataError(f"data: no usable rows in {path} (need a prompt field "
                         f"({_looked_for(prompt_key, PROMPT_KEYS)}) and an answer field "
-                        f"({_looked_for(answer_key, ANSWER_KEYS)}); {len(bad)} malformed)")
+                        f"({_looked_for(answer_key, ANSWER_KEYS)}); {len(bad)} malformed"
+                        f"{first})")
     return Dataset(examples, bad, path, unit, split_read, prompt_field, answer_field)
 
 
 def _prompt_only(row: dict, number: int, prompt_field: str | None) -> Example:
-    if prompt_field not in row:
-        raise _BadRow(f"no '{prompt_field}' field" if prompt_field else
-                      f"no prompt field ({_looked_for(None, PROMPT_KEYS)})")
-    prompt, messages = _prompt(row[prompt_field], prompt_field)
-    return Example(prompt, "", number, None, messages)
+    prompt, messages = _prompt(_value(row, prompt_field, PROMPT_KEYS), prompt_field)
+    return Example(prompt, "", number, None, messages, row)
+
+
+def _has(row: dict, path: str | None) -> bool:
+    try:
+        _value(row, path, ())
+    except _BadRow:
+        return False
+    return True
+
+
+def _value(row: dict, path: str | None, candidates: tuple[str, ...]):
+    """The value at a field path (the module docstring's Fields); _BadRow naming the path, the
+    missing step and the keys there when the row lacks it."""
+    if path is None:
+        raise _BadRow(f"no {'prompt' if candidates is PROMPT_KEYS else 'answer'} field "
+                      f"({_looked_for(None, candidates)}; the row's keys: {_keys(row)})")
+    if path in row:
+        return row[path]
+    value, walked = row, []
+    for step in path.split("."):
+        if not isinstance(value, dict):
+            raise _BadRow(f"no '{path}' field: '{'.'.join(walked)}' is a "
+                          f"{type(value).__name__}, not an object")
+        if step not in value:
+            where = f"'{'.'.join(walked)}' has" if walked else "the row's keys:"
+            raise _BadRow(f"no '{path}' field ({where} {_keys(value)})")
+        value, walked = value[step], walked + [step]
+    return value
+
+
+def _keys(mapping: dict) -> str:
+    keys = [repr(str(key)) for key in list(mapping)[:SHOWN_KEYS]]
+    more = f", ... ({len(mapping)} in all)" if len(mapping) > SHOWN_KEYS else ""
+    return (", ".join(keys) + more) if keys else "none"
 
 
 def _looked_for(explicit: str | None, candidates: tuple[str, ...]) -> str:
@@ -137,14 +178,9 @@ def _looked_for(explicit: str | None, candidates: tuple[str, ...]) -> str:
 
 def _example(row: dict, number: int, prompt_field: str | None,
              answer_field: str | None) -> Example:
-    if prompt_field not in row:
-        raise _BadRow(f"no '{prompt_field}' field" if prompt_field else
-                      f"no prompt field ({_looked_for(None, PROMPT_KEYS)})")
-    if answer_field not in row:
-        raise _BadRow(f"no '{answer_field}' field" if answer_field else
-                      f"no answer field ({_looked_for(None, ANSWER_KEYS)})")
-    prompt, messages = _prompt(row[prompt_field], prompt_field)
-    answer = row[answer_field]
+    prompt_value = _value(row, prompt_field, PROMPT_KEYS)
+    answer = _value(row, answer_field, ANSWER_KEYS)
+    prompt, messages = _prompt(prompt_value, prompt_field)
     if (isinstance(answer, bool) or not isinstance(answer, (str, int, float))
             or (isinstance(answer, float) and not math.isfinite(answer))
             or not str(answer).strip()):
@@ -157,7 +193,8 @@ def _example(row: dict, number: int, prompt_field: str | None,
     if _is_non_finite_number(final):
         raise _BadRow(f"'{answer_field}' has a non-finite final answer {final!r}; no response "
                       "can equal it")
-    return Example(prompt, final, number, text if final != text.strip() else None, messages)
+    return Example(prompt, final, number, text if final != text.strip() else None, messages,
+                   row)
 
 
 def _is_non_finite_number(text: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -21,6 +21,7 @@ from tlt_core.model.placement import Placement
 from tlt_core.model.prompt_format import load_prompt_format
 from tlt_core.model.tokenizer import CheckpointTokenizer
 from tlt_core.tasks.data import load_prompts
+from tlt_core.tasks.reward_signatures import reward_signature
 from tlt_core.tasks.rewards import RewardFn, math_reward
 
 
@@ -29,6 +30,10 @@ class Prompt:
     text: str  # what the reward function sees
     ids: tuple[int, ...]  # what the model sees
     reference: str  # the reference answer
+    # what TRL- and veRL-style reward functions may read besides (tasks.reward_signatures):
+    # the prompt as chat messages (None: it was text) and the data row it came from
+    messages: tuple[dict, ...] | None = field(default=None, compare=False, repr=False)
+    row: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -66,7 +71,8 @@ def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_
         data = load_prompts(path, prompt_key=prompt_key, answer_key=answer_key, split=split,
                             on_bad_rows="skip" if skip_bad_rows else "error")
         return [Prompt(e.prompt, tuple(prompt_format.encode(list(e.messages) if e.messages
-                                                            else e.prompt)), e.answer)
+                                                            else e.prompt)), e.answer,
+                       e.messages, e.row)
                 for e in data.examples], data
 
     prompts, data = read(data_path)
@@ -86,8 +92,9 @@ def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_
                        tokenizer, evaluation)
 
 
-def load_reward(spec: str) -> RewardFn:
-    """'module:function' -> the function (a user's reward, which the user asked us to import)."""
+def load_reward(spec: str) -> Callable:
+    """'module:function' -> the function (a user's reward, which the user asked us to import),
+    in one of the signatures tasks.reward_signatures knows (ValueError naming it otherwise)."""
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
         raise ValueError(f"reward: expected 'module:function', got {spec!r}")
@@ -97,4 +104,5 @@ def load_reward(spec: str) -> RewardFn:
         raise ValueError(f"reward: cannot load {spec!r} ({error})") from error
     if not callable(function):
         raise ValueError(f"reward: {spec!r} is not callable")
+    reward_signature(function)
     return function

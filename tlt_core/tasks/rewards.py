@@ -1,6 +1,9 @@
 """Rewards: the math-answer verifier, a format reward, and running user reward functions safely.
 
-A reward function is any `fn(prompt: str, response: str, reference: str) -> float`.
+A reward function is `fn(prompt: str, response: str, reference: str) -> float`, or one written
+for TRL (`f(prompts, completions, **kwargs) -> list[float]`) or veRL
+(`compute_score(data_source, solution_str, ground_truth, extra_info=None)`), told apart by its
+parameters (tlt_core.tasks.reward_signatures).
 
 `math_reward` is 1.0 when a response's final answer equals the reference answer, else 0.0. It
 reads one final answer per response, never "any of its numbers", so listing candidates earns
@@ -11,7 +14,8 @@ nothing. `math_answer(response)` finds it, by the first rule that applies:
 3. what follows the last "answer is" / "answer:" up to the end of its sentence;
 4. the whole response, when it is one expression with no words (`\\dfrac{3}{4}`, `(1,2)`);
 5. the last latex environment (`$...$`, `\\(...\\)`, `\\[...\\]`), when the response ends with it;
-6. the last number (`1,000`, `-2.5`, `3/4`, `1e3`).
+6. the equation of numbers its last line ends with (`... she sold 48+24 = 72.`, `72 = 48+24.`);
+7. the last number (`1,000`, `-2.5`, `3/4`, `1e3`).
 `reference_answer(reference)` reads a reference: the text after its last `####` (a GSM8K
 solution), else its last `\\boxed{}` (a MATH solution), else all of it. Both are then put in one
 form by `normalize_answer` (plain numbers as exact fractions: "1,000.0", "+01000" and "1e3" are
@@ -20,6 +24,14 @@ equal forms agree; answers made of words compare as case-folded text; anything e
 as latex and compared by Hugging Face's math-verify (`math_verify.parse` and `verify`: `1/2` =
 `\\frac{1}{2}` = `0.5`, `x=3` = `3`, `12\\text{ apples}` = `12`, `(1, 2)` = `(1,2)`). A
 malformed answer gets 0.0; math_reward never raises on what a response contains.
+
+An answer that is an equation (`48+24 = 72`, `... 48/2 = 24, 48+24 = 72.`, `#### 48+24 = 72`)
+is graded by the right-hand side of its last `=`, since a worked response's last step states the
+result there; the reference itself is no equation (a reference with `=` is compared whole). It
+stays strict: only the last right-hand side counts (`48+24 = 72 = 71` is 71), and a plain number
+just left of that `=` must agree too (`71 = 48+24` states 71, so it gets 0.0, while
+`72 = 48+24` gets 1.0). `<=`, `>=`, `!=`, `==`, `:=` and answers with `<`, `>`, `\\le`, `\\ge`,
+`\\ne` are comparisons, not equations, and are compared whole.
 
 math-verify bounds its parsing and comparison time with SIGALRM, which only the main thread may
 set (elsewhere it raises). math_reward passes a timeout of `TIMEOUT_S` seconds in the main thread
@@ -31,7 +43,9 @@ explicit form (rules 1-3), else 0.0; `RewardMix(math=1.0, format=0.1)` is their 
 itself a reward function.
 
 `score_all` runs a reward function over a batch: an exception or a non-finite value in one sample
-is recorded against that sample (reward 0.0 and the error's text), never fatal to the run.
+is recorded against that sample (reward 0.0 and the error's text, which names the function),
+never fatal to the run. A batched (TRL) function that raises, or returns the wrong number of
+values, is called again one sample at a time, so only the samples it fails on lose their reward.
 """
 
 from __future__ import annotations
@@ -42,7 +56,10 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+from tlt_core.tasks.reward_signatures import (TRL, RewardBatch, call_batched, call_per_sample,
+                                              reward_name, reward_signature)
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -66,6 +83,10 @@ _SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
 _LATEX_AT_END = re.compile(r"(?s)(?:\$\$([^$]+)\$\$|\$([^$]+)\$"
                            r"|\\\[((?:(?!\\\]).)+)\\\]|\\\(((?:(?!\\\)).)+)\\\))[\s.!]*$")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+_EQUALS = re.compile(r"(?<![<>!=:])=(?!=)")  # an equation's "=", not <=, >=, !=, ==, :=
+_COMPARISON = re.compile(r"[<>≤≥≠]|!=|==|\\(?:le|ge|ne|leq|geq|neq|lt|gt)(?![A-Za-z])")
+_CLAUSE_BREAK = re.compile(r"[,;:\n]")  # what ends the text left of an equation's last "="
+_ARITHMETIC_CHARS = frozenset("0123456789.,+-*/×÷()^$= \t")  # on the last line
 
 
 class _Found(NamedTuple):
@@ -107,8 +128,24 @@ def _is_bare_expression(text: str) -> bool:
             and re.search(r"[A-Za-z]{2}", _LATEX_COMMAND.sub(" ", text)) is None)
 
 
+def _arithmetic_equation_at_end(text: str) -> str | None:
+    """The numbers, operators and `=` signs ending text's last line (a final period dropped),
+    when they hold an equation with digits on both sides of its last `=`; else None. Scanned backwards
+    character by character: a regular expression anchored at the end would retry from every
+    start position of a long run of digits."""
+    text = text.rstrip()
+    start = len(text)
+    while start > 0 and text[start - 1] in _ARITHMETIC_CHARS:
+        start -= 1
+    tail = text[start:].strip().rstrip(".").strip()
+    left, equals, right = tail.rpartition("=")
+    if not equals or not any(c.isdigit() for c in left) or not any(c.isdigit() for c in right):
+        return None
+    return tail
+
+
 def _final_answer(text: str) -> _Found | None:
-    """The module docstring's rules 1-6, in order."""
+    """The module docstring's rules 1-7, in order."""
     boxed = _boxed(text)
     if boxed is not None:
         return _Found(boxed[0], boxed[1], True)
@@ -126,6 +163,9 @@ def _final_answer(text: str) -> _Found | None:
     content = next(g for g in latex.groups() if g).strip() if latex else ""
     if content:
         return _Found(content, len(text), False)
+    equation = _arithmetic_equation_at_end(text)
+    if equation is not None:
+        return _Found(equation, len(text), False)
     numbers = list(_NUMBER_IN_TEXT.finditer(text))
     return _Found(numbers[-1].group(), numbers[-1].end(), False) if numbers else None
 
@@ -207,13 +247,35 @@ def _equivalent(answer: str, reference: str) -> bool:
         return False  # that costs the answer its reward, never the batch
 
 
+def _final_equation(answer: str) -> tuple[str, str] | None:
+    """(the plain text just left of the last `=`, the text right of it) when answer is an
+    equation; None when it has no `=` or is a comparison."""
+    equals = list(_EQUALS.finditer(answer))
+    if not equals or _COMPARISON.search(answer):
+        return None
+    last = equals[-1]
+    left = answer[equals[-2].end() if len(equals) > 1 else 0:last.start()]
+    return _CLAUSE_BREAK.split(left)[-1].strip(), answer[last.end():].strip()
+
+
+def _answer_matches(answer: str, reference: str) -> bool:
+    """The module docstring's comparison, equations graded by their last right-hand side."""
+    equation = None if _EQUALS.search(reference) else _final_equation(answer)
+    if equation is None:
+        return _equivalent(answer, reference)
+    left, right = equation
+    if _exact_number(normalize_answer(left)) is not None and not _equivalent(left, reference):
+        return False  # "71 = 48+24" states a wrong result, whatever its right side is worth
+    return bool(right) and _equivalent(right, reference)
+
+
 def math_reward(prompt: str, response: str, reference: str) -> float:
     """1.0 if the response's final answer equals the reference's, else 0.0."""
     for name, value in (("response", response), ("reference", reference)):
         if not isinstance(value, str):
             raise TypeError(f"{name}: must be a str, got {type(value).__name__}")
     found = _final_answer(response)
-    return float(found is not None and _equivalent(found.answer, reference_answer(reference)))
+    return float(found is not None and _answer_matches(found.answer, reference_answer(reference)))
 
 
 def format_reward(prompt: str, response: str, reference: str) -> float:
@@ -250,15 +312,54 @@ class Scored:
     error: str | None = None  # why this sample's reward function failed, if it did
 
 
-def score_all(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str],
-              references: Sequence[str]) -> list[Scored]:
-    out = []
-    for prompt, response, reference in zip(prompts, responses, references):
+def score_all(fn: Callable, prompts: Sequence[str], responses: Sequence[str],
+              references: Sequence[str], *,
+              messages: Sequence[tuple[dict, ...] | None] | None = None,
+              rows: Sequence[Mapping[str, Any]] | None = None) -> list[Scored]:
+    """fn's reward for each sample, in any of the signatures reward_signatures knows; messages
+    (the prompts as chat messages, None where a prompt was text) and rows (each sample's data
+    row) are what TRL's and veRL's functions may read beyond the text."""
+    count = len(responses)
+    batch = RewardBatch(prompts, responses, references,
+                        [None] * count if messages is None else messages,
+                        [{}] * count if rows is None else rows)
+    for name, values in (("prompts", prompts), ("references", references),
+                         ("messages", batch.messages), ("rows", batch.rows)):
+        if len(values) != count:
+            raise ValueError(f"{name}: {len(values)} entries for {count} responses")
+    return _score(fn, reward_signature(fn), reward_name(fn), batch)
+
+
+def _score(fn: Callable, signature: str, name: str, batch: RewardBatch) -> list[Scored]:
+    count = len(batch.responses)
+    if signature == TRL:
         try:
-            value = float(fn(prompt, response, reference))
-            if not math.isfinite(value):
-                raise ValueError(f"the reward is {value}")
-            out.append(Scored(value))
+            return [_scored(name, value) for value in call_batched(fn, batch)]
+        except Exception as error:  # noqa: BLE001 - find the samples it fails on, one at a time
+            if count == 1:
+                return [_failed(name, error)]
+            return [_score(fn, signature, name, batch.sample(index))[0] for index in range(count)]
+    out = []
+    for index in range(count):
+        try:
+            out.append(_scored(name, call_per_sample(fn, signature, batch, index)))
         except Exception as error:  # noqa: BLE001 - a user's function may raise anything
-            out.append(Scored(0.0, f"{type(error).__name__}: {error}"))
+            out.append(_failed(name, error))
     return out
+
+
+def _scored(name: str, value) -> Scored:
+    """A raw reward as a Scored: a finite number, else an error naming the function."""
+    if value is None or isinstance(value, (str, bytes)):
+        return Scored(0.0, f"{name}: returned {value!r}, not a number")
+    try:
+        reward = float(value)
+    except (TypeError, ValueError) as error:
+        return Scored(0.0, f"{name}: returned {value!r}, not a number ({error})")
+    if not math.isfinite(reward):
+        return Scored(0.0, f"{name}: ValueError: the reward is {reward}")
+    return Scored(reward)
+
+
+def _failed(name: str, error: Exception) -> Scored:
+    return Scored(0.0, f"{name}: {type(error).__name__}: {error}")
