@@ -99,9 +99,14 @@ def test_a_reward_that_raises_costs_only_its_samples_and_is_named():
     assert scored[0].error is None and scored[2].error is None
     assert "trl_flaky: RuntimeError: parser crashed" in scored[1].error
 
-    short = score_all(lambda prompts, completions, **kwargs: [1.0], ["p"] * 2, ["a", "b"],
-                      ["r"] * 2)
-    assert [s.reward for s in short] == [1.0, 1.0]  # a batch of one gets its one value
+    def trl_one_value(prompts, completions, **kwargs):
+        return [1.0]
+
+    # values that cannot be matched to samples score none of them, and say why
+    short = score_all(trl_one_value, ["p"] * 2, ["a", "b"], ["r"] * 2)
+    assert [s.reward for s in short] == [0.0, 0.0]
+    assert all("trl_one_value: RewardCountError: returned 1 values for 2 completions" in s.error
+               for s in short)
 
     def verl_no_score(data_source, solution_str, ground_truth, extra_info=None):
         return {"acc": 1.0} if solution_str == "x" else None

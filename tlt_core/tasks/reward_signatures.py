@@ -96,8 +96,13 @@ def call_per_sample(fn: Callable, signature: str, batch: RewardBatch, index: int
     return value
 
 
+class RewardCountError(ValueError):
+    """A batched (TRL-signature) reward function returned other than one value per sample."""
+
+
 def call_batched(fn: Callable, batch: RewardBatch) -> list:
-    """fn's raw values for the whole batch (TRL signature), one per sample."""
+    """fn's raw values for the whole batch (TRL signature), one per sample; RewardCountError
+    when it returns another count (or no list)."""
     chat = [messages is not None for messages in batch.messages]
     prompts = [list(messages) if is_chat else text
                for text, messages, is_chat in zip(batch.prompts, batch.messages, chat)]
@@ -109,7 +114,7 @@ def call_batched(fn: Callable, batch: RewardBatch) -> list:
     if not isinstance(values, (list, tuple)) or len(values) != len(batch.responses):
         got = (f"{len(values)} values" if isinstance(values, (list, tuple))
                else f"a {type(values).__name__}")
-        raise ValueError(f"returned {got} for {len(batch.responses)} completions (TRL's "
+        raise RewardCountError(f"returned {got} for {len(batch.responses)} completions (TRL's "
                          "reward functions return a list, one value per completion)")
     return list(values)
 

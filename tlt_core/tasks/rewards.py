@@ -58,8 +58,8 @@ from fractions import Fraction
 from functools import cache
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from tlt_core.tasks.reward_signatures import (TRL, RewardBatch, call_batched, call_per_sample,
-                                              reward_name, reward_signature)
+from tlt_core.tasks.reward_signatures import (TRL, RewardBatch, RewardCountError, call_batched,
+                                              call_per_sample, reward_name, reward_signature)
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -335,6 +335,8 @@ def _score(fn: Callable, signature: str, name: str, batch: RewardBatch) -> list[
     if signature == TRL:
         try:
             return [_scored(name, value) for value in call_batched(fn, batch)]
+        except RewardCountError as error:  # values cannot be matched to samples: none scored
+            return [_failed(name, error)] * count
         except Exception as error:  # noqa: BLE001 - find the samples it fails on, one at a time
             if count == 1:
                 return [_failed(name, error)]
