@@ -232,3 +232,14 @@ def test_unsupported_settings_are_named_at_construction(folders):
         make_rollout(folders, drafter=False, strategy="(3,1,4)")
     with pytest.raises(ValueError, match="strategy"):
         make_rollout(folders, strategy="fastest")
+
+
+@pytest.mark.slow  # the embedded model's adaptive calibration and three generations: a minute
+def test_example_runs_its_own_checks_on_the_embedded_model():
+    from tests.test_examples import load_example
+
+    result = load_example("verl_rollout_tlt").main(
+        ["--prompts", "3", "--samples", "2", "--response-length", "48", "--max-batch", "2"])
+    assert result["greedy_equal"] and result["synced_equal"] and result["sync_changed"]
+    assert result["logprob_gap_max"] < 1e-4 and result["rows"] == 6
+    assert "spec/sd_step_share" in result["metrics"]
