@@ -120,9 +120,11 @@ def main(argv: list[str] | None = None) -> dict:
     from verl.workers.config import HFModelConfig, RolloutConfig
     from verl.workers.rollout.base import get_rollout_class
 
-    import tlt_core.integrations.verl.registration  # noqa: F401  (registers "tlt" with veRL)
     from tlt_core.embedded import TaskConfig, embedded_reward, generate_problems, load_embedded
 
+    from tlt_core.integrations.verl.registration import register
+
+    register()  # "tlt" in veRL's rollout registry (importing the module alone does it too)
     workload = load_embedded(progress=False)
     tokenizer = workload.tokenizer
     section = OmegaConf.load(CONFIG).actor_rollout_ref.rollout
