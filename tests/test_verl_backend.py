@@ -16,7 +16,7 @@ pytest.importorskip("verl")
 
 from verl import DataProto  # noqa: E402
 from verl.utils.torch_functional import get_response_mask  # noqa: E402
-from verl.workers.config import HFModelConfig, RolloutConfig  # noqa: E402
+from verl.workers.config import HFModelConfig, RolloutConfig, SamplingConfig  # noqa: E402
 from verl.workers.rollout.base import get_rollout_class  # noqa: E402
 
 from tests.speculative_fixtures import tiny_target, train_drafter  # noqa: E402
@@ -243,3 +243,38 @@ def test_example_runs_its_own_checks_on_the_embedded_model():
     assert result["greedy_equal"] and result["synced_equal"] and result["sync_changed"]
     assert result["logprob_gap_max"] < 1e-4 and result["rows"] == 6
     assert "spec/sd_step_share" in result["metrics"]
+
+
+def test_verls_external_module_hook_registers_the_backend_in_a_fresh_process():
+    """VERL_USE_EXTERNAL_MODULES is veRL's own way to load a plugin at `import verl`."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from verl.workers.rollout.base import get_rollout_class; "
+            "print(get_rollout_class('tlt', 'async').__name__)")
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "tlt_core.integrations.verl.registration"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "TLTVerlRollout"
+
+
+def test_sampling_follows_meta_info_over_the_config_as_verls_rollouts_read_it():
+    from tlt_core.integrations.verl import read_sampling
+
+    config = RolloutConfig(name="tlt", tensor_model_parallel_size=1, temperature=0.7, top_k=-1,
+                           top_p=0.9, response_length=12,
+                           val_kwargs=SamplingConfig(do_sample=True, temperature=0.3, top_k=5))
+    train = read_sampling({}, config, (EOS,), PAD)
+    assert (train.temperature, train.top_k, train.top_p) == (0.7, 0, 0.9)  # -1: top_k off
+    assert (train.response_length, train.stop_ids, train.pad_token_id) == (12, (EOS,), PAD)
+    given = read_sampling({"temperature": 1.2, "eos_token_id": [3, 4], "pad_token_id": 9,
+                           "response_length": 5}, config, (EOS,), PAD)
+    assert (given.temperature, given.stop_ids, given.pad_token_id, given.response_length) == \
+        (1.2, (3, 4), 9, 5)
+    validate = read_sampling({"validate": True}, config, (EOS,), PAD)
+    assert (validate.temperature, validate.top_k) == (0.3, 5)  # val_kwargs
+    assert read_sampling({"do_sample": False}, config, (EOS,), PAD).temperature == 0.0
+    ignore = RolloutConfig(name="tlt", tensor_model_parallel_size=1, ignore_eos=True)
+    assert read_sampling({"eos_token_id": EOS}, ignore, (EOS,), PAD).stop_ids == ()
