@@ -68,15 +68,15 @@ from typing import Any, Sequence
 
 import torch
 
-from tlt_core.adaptive.policy import DEFAULT_PLANS, AdaptivePolicy
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.plan import DraftPlan
-from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.hooks import Speculation
 from tlt_core.engine.records import Request, RolloutResult, SamplingParams
 from tlt_core.engine.sampling import sample_seed
+from tlt_core.integrations.engine_setup import calibrated_policy, default_plans, prompt_groups
 from tlt_core.integrations.peft_weights import merged_weights
+from tlt_core.integrations.weights import load_hf_weights
 from tlt_core.model.transformer import ModelConfig, Transformer
 
 __all__ = ["TLTRollout", "RolloutCall", "transformer_from_hf"]
@@ -115,22 +115,9 @@ def transformer_from_hf(hf_model: torch.nn.Module) -> Transformer:
 
 
 def _copy_weights(weights: dict[str, torch.Tensor], target: Transformer) -> None:
-    """weights (by transformers' names, as `merged_weights` gives them) into target's, in place;
-    a tied lm_head that weights do not list is its embedding."""
-    state = dict(weights)
-    if target.config.tie_word_embeddings and "lm_head.weight" not in state:
-        state["lm_head.weight"] = state.get("model.embed_tokens.weight")
-    wanted = target.state_dict()
-    missing = [name for name in wanted if state.get(name) is None]
-    if missing:
-        raise ValueError(f"model: the trainer's model lacks {len(missing)} tensor(s) the engine's "
-                         f"target needs, e.g. {missing[:3]}; is it the same architecture?")
-    for name, tensor in wanted.items():
-        if tuple(state[name].shape) != tuple(tensor.shape):
-            raise ValueError(f"model: {name} is {tuple(state[name].shape)} in the trainer's "
-                             f"model and {tuple(tensor.shape)} in the engine's target")
-    with torch.no_grad():
-        target.load_state_dict({name: state[name] for name in wanted}, strict=True)
+    """weights (by transformers' names, as `merged_weights` gives them) into target's, in place
+    (tlt_core.integrations.weights)."""
+    load_hf_weights(target, weights, source="model: the trainer's model", strict=False)
 
 
 class TLTRollout:
@@ -189,7 +176,7 @@ class TLTRollout:
                                 max_tokens=max_tokens, stop_ids=tuple(trainer.eos_token_ids))
         process = int(trainer.accelerator.process_index)
         requests = []
-        for index, (ids, count) in enumerate(_runs(prompt_ids)):
+        for index, (ids, count) in enumerate(prompt_groups(prompt_ids)):
             seed = sample_seed(self.seed + 1_000_003 * process, len(self.calls), index)
             requests.append(Request(ids, replace(params, n=count, seed=seed)))
         result = self.engine.generate(requests, self.policy)
@@ -222,12 +209,8 @@ class TLTRollout:
                                     self.drafter)
         if self.adaptive and self.policy is None:
             _copy_weights(merged_weights(model), self.target)  # calibrate on the trainer's
-            plans = self.plans or (DEFAULT_PLANS + (SuffixMatch(8),))
-            # no stop ids: calibration times steps at each batch size, so rows must not end
-            calibration = [Request(ids, SamplingParams(temperature=float(trainer.temperature),
-                                                       max_tokens=16))
-                           for ids, _ in _runs(prompt_ids)][:4]
-            self.policy = AdaptivePolicy.from_calibration(self.engine, plans, calibration)
+            self.policy = calibrated_policy(self.engine, self.plans or default_plans(),
+                                            prompt_ids, float(trainer.temperature))
 
     def _logprob_gap(self, trainer, model, prompt_ids, completion_ids, logprobs):
         """max and mean |ours - TRL's recomputation| over completion tokens, with TRL's padding
@@ -277,18 +260,6 @@ class TLTRollout:
         if gap is not None:
             log("tlt/sampling_logp_difference/max", gap[0])
             log("tlt/sampling_logp_difference/mean", gap[1])
-
-
-def _runs(prompt_ids: list[list[int]]) -> list[tuple[tuple[int, ...], int]]:
-    """Consecutive equal prompts as (prompt, count): TRL's groups of num_generations."""
-    runs: list[tuple[tuple[int, ...], int]] = []
-    for ids in prompt_ids:
-        key = tuple(ids)
-        if runs and runs[-1][0] == key:
-            runs[-1] = (key, runs[-1][1] + 1)
-        else:
-            runs.append((key, 1))
-    return runs
 
 
 def _check_supported(trainer: Any) -> None:
