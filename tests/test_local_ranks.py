@@ -43,4 +43,4 @@ def test_the_embedded_main_job_spot_trains_the_drafter_on_two_ranks(tmp_path):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]  # written once, by rank 0
     # a refresh of the drafter from the spot training of a rank that finished first
-    assert records[-1]["drafter_version"] >= 1
+    assert records[-1]["drafter/version"] >= 1

@@ -202,7 +202,7 @@ def run_train(args: argparse.Namespace) -> int:
     for name, history in histories.items():
         s = summarize(history)
         print(f"{name}: {s['steps']} steps in {s['time_s']:.1f} s (rollout {s['rollout_s']:.1f} s, "
-              f"train {s['train_s']:.1f} s), reward {s['reward_first']:.3f} -> "
+              f"update {s['update_s']:.1f} s), reward {s['reward_first']:.3f} -> "
               f"{s['reward_last']:.3f} (mean {s['reward_mean']:.3f}), max logprob gap "
               f"{s['max_logprob_gap']:.1e}")
     if "baseline" in histories and "tlt" in histories:
@@ -376,17 +376,19 @@ def _how_to_continue(checkpoints: Path, nested: bool) -> str:
 
 
 def _line(m: dict) -> str:
-    acceptance = "-" if m["acceptance_length"] is None else f"{m['acceptance_length']:.2f}"
-    version = "-" if m["drafter_version"] is None else str(m["drafter_version"])
-    return (f"step {m['step']:>3}  reward {m['reward']:.3f}  step {m['step_s']:.2f}s  rollout "
-            f"{100 * m['rollout_share']:.0f}%  tail {m['tail_s']:.2f}s  accept {acceptance}  "
-            f"SD-on {100 * m['sd_on_share']:.0f}%{_sd_rows(m)}  drafter v{version}  gap "
-            f"{m['logprob_gap']:.1e}" + (f"  reward errors {m['reward_errors']}"
-                                        if m["reward_errors"] else ""))
+    acceptance = m["spec/acceptance_length"]
+    acceptance = "-" if acceptance is None else f"{acceptance:.2f}"
+    version = "-" if m["drafter/version"] is None else str(m["drafter/version"])
+    errors = m["train/reward_errors"]
+    return (f"step {m['step']:>3}  reward {m['train/reward']:.3f}  step "
+            f"{m['train/step_s']:.2f}s  rollout {100 * m['rollout/time_share']:.0f}%  tail "
+            f"{m['rollout/tail_s']:.2f}s  accept {acceptance}  SD-on "
+            f"{100 * m['spec/sd_step_share']:.0f}%{_sd_rows(m)}  drafter v{version}  gap "
+            f"{m['train/logprob_gap']:.1e}" + (f"  reward errors {errors}" if errors else ""))
 
 
 def _sd_rows(m: dict) -> str:
     """Where SD ran: at and below the largest speculative step's batch, of the peak batch."""
-    if m["sd_batch_max"] is None:
+    if m["spec/batch_max"] is None:
         return ""
-    return f" (at <= {m['sd_batch_max']} of {max(m['trace_running'])} rows)"
+    return f" (at <= {m['spec/batch_max']} of {max(m['trace_running'])} rows)"
