@@ -368,7 +368,7 @@ def test_settings_name_the_bad_field():
 
 @needs_wandb
 @pytest.mark.slow
-def test_tlt_train_writes_an_offline_run_and_overwrite_clears_it(tmp_path, capsys):
+def test_tlt_train_writes_an_offline_run_and_overwrite_clears_it(tmp_path, caplog):
     """The embedded default, one small step: the run holds the step's metrics.jsonl scalars,
     named after --out, with the run's config; --overwrite's clear_run deletes wandb's files."""
     from tlt_core.cli import main
@@ -380,8 +380,7 @@ def test_tlt_train_writes_an_offline_run_and_overwrite_clears_it(tmp_path, capsy
                  "offline", "--no-progress", "--nproc", "1", "--out", str(out)]) == 0
     (path,) = offline_runs(out)
     run_id = (out / WANDB_RUN_ID_FILE).read_text().strip()
-    assert f"wandb: run {run_id} of project test, offline in {out / WANDB_DIR}" in \
-        capsys.readouterr().out
+    assert f"wandb: run {run_id} of project test, offline in {out / WANDB_DIR}" in caplog.text
     (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     logged = history(path)
     assert sorted(logged) == [0]
