@@ -6,6 +6,7 @@ engine. Its work folder is a cache that heals: a torn or foreign entry is report
 again, and a second process waits for the first instead of training twice."""
 
 import json
+import logging
 import os
 import re
 import threading
@@ -48,8 +49,7 @@ def prompts(target, count=28, seed=0):
 def trained(tmp_path_factory):
     target = tiny_target()
     folder = tmp_path_factory.mktemp("offline") / "drafter"
-    report = train_offline(target, prompts(target), folder, CONFIG, progress=False,
-                           log=lambda line: None)
+    report = train_offline(target, prompts(target), folder, CONFIG, progress=False)
     return target, folder, report
 
 
@@ -106,8 +106,7 @@ def test_draft_vocabulary_is_the_responses_most_used_tokens(trained):
 def test_an_interrupted_run_resumes_with_the_same_batches(tmp_path, monkeypatch):
     target = tiny_target()
     data = prompts(target)
-    whole = train_offline(target, data, tmp_path / "whole", CONFIG, progress=False,
-                          log=lambda line: None)
+    whole = train_offline(target, data, tmp_path / "whole", CONFIG, progress=False)
     real_step, calls = training.train_step, []
 
     def failing_step(*args, **kwargs):
@@ -118,11 +117,9 @@ def test_an_interrupted_run_resumes_with_the_same_batches(tmp_path, monkeypatch)
 
     monkeypatch.setattr("tlt_core.warmup.training_loop.train_step", failing_step)
     with pytest.raises(KeyboardInterrupt):
-        train_offline(target, data, tmp_path / "again", CONFIG, progress=False,
-                      log=lambda line: None)
+        train_offline(target, data, tmp_path / "again", CONFIG, progress=False)
     monkeypatch.setattr("tlt_core.warmup.training_loop.train_step", real_step)
-    resumed = train_offline(target, data, tmp_path / "again", CONFIG, progress=False,
-                            log=lambda line: None)
+    resumed = train_offline(target, data, tmp_path / "again", CONFIG, progress=False)
     assert resumed.steps == whole.steps
     a = Drafter.load(tmp_path / "whole", target).state_dict()
     b = Drafter.load(tmp_path / "again", target).state_dict()
@@ -204,20 +201,21 @@ def counting(monkeypatch):
 
 
 def test_nothing_a_user_gave_is_lost_a_damaged_cache_entry_heals(trained, tmp_path,
-                                                                  monkeypatch):
+                                                                  monkeypatch, caplog):
     """A truncated work/run.json, a shard missing its tensors and a torn step checkpoint are each
     reported with their path and built again, and the drafter comes out as an undamaged run's."""
     target, reference, _ = trained
     data = prompts(target)
     out = tmp_path / "drafter"
-    train_offline(target, data, out, CONFIG, progress=False, log=lambda line: None)
+    train_offline(target, data, out, CONFIG, progress=False)
     work = out / "work"
     counts = counting(monkeypatch)
 
     record = work / "run.json"
     record.write_text(record.read_text()[:40])  # torn mid-write
-    logged = []
-    train_offline(target, data, out, CONFIG, progress=False, log=logged.append)
+    caplog.set_level(logging.WARNING, logger="tlt_core.warmup")
+    train_offline(target, data, out, CONFIG, progress=False)
+    logged = [r.getMessage() for r in caplog.records]
     assert any(f"{record} is not valid JSON" in line and "starting it afresh" in line
                for line in logged), logged
     assert counts == {"shards": 2, "steps": CONFIG.steps}  # everything built again
@@ -229,8 +227,9 @@ def test_nothing_a_user_gave_is_lost_a_damaged_cache_entry_heals(trained, tmp_pa
     write_state({"lengths": torch.ones(2)}, work / "responses" / "shard-00000")  # foreign
     checkpoint = work / "train" / f"step-{CONFIG.steps:06d}"
     (checkpoint / "state.json").write_text('{"format": "tlt_core.checkpoint/1", "sta')
-    logged.clear()
-    train_offline(target, data, out, CONFIG, progress=False, log=logged.append)
+    caplog.clear()
+    train_offline(target, data, out, CONFIG, progress=False)
+    logged = [r.getMessage() for r in caplog.records]
     assert any(f"{shard} has no tensors.safetensors" in line and "generating shard-00001 again"
                in line for line in logged), logged
     assert any("shard-00000 lacks the tensors features, prompt_lengths, tokens" in line
@@ -247,15 +246,15 @@ def test_a_work_record_without_unroll_belongs_to_a_teacher_forced_run(tmp_path):
     """A work record that does not name `unroll` resumes with unroll 1, its shards kept, and
     is refused, naming it, with another unroll."""
     work, data = tmp_path / "work", [(1, 2, 3)]
-    claim_work_folder(work, CONFIG, data, "sha", print)
+    claim_work_folder(work, CONFIG, data, "sha")
     record = json.loads((work / "run.json").read_text())
     del record["unroll"]
     (work / "run.json").write_text(json.dumps(record))
     (work / "responses").mkdir()
-    claim_work_folder(work, CONFIG, data, "sha", print)  # unroll 1: the same run
+    claim_work_folder(work, CONFIG, data, "sha")  # unroll 1: the same run
     assert (work / "responses").is_dir()
     with pytest.raises(ValueError, match=r"other settings \(unroll\)"):
-        claim_work_folder(work, replace(CONFIG, unroll=3), data, "sha", print)
+        claim_work_folder(work, replace(CONFIG, unroll=3), data, "sha")
 
 
 @pytest.mark.parametrize("text, problem", [
@@ -271,13 +270,13 @@ def test_a_foreign_work_record_is_told_apart(tmp_path, text, problem):
     assert record_problem(path, {"temperature", "max_tokens"}) is None
 
 
-def test_two_concurrent_warm_ups_train_once(tmp_path, monkeypatch):
+def test_two_concurrent_warm_ups_train_once(tmp_path, monkeypatch, caplog):
     """A second call on the same --out while the first runs waits for it (saying so), then
     reuses its responses and training: one run's worth of shards and steps in all."""
     target = tiny_target()
     data = prompts(target)
     counts = counting(monkeypatch)
-    training, reports, second_log = threading.Event(), {}, []
+    training, reports = threading.Event(), {}
     real_step = training_loop.train_step
 
     def step(*args, **kwargs):
@@ -286,19 +285,21 @@ def test_two_concurrent_warm_ups_train_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(training_loop, "train_step", step)
 
-    def run(name, log):
+    def run(name):
         reports[name] = train_offline(target, data, tmp_path / "drafter", CONFIG,
-                                      progress=False, log=log)
+                                      progress=False)
 
-    first = threading.Thread(target=run, args=("first", lambda line: None))
+    caplog.set_level(logging.INFO, logger="tlt_core.warmup")
+    first = threading.Thread(target=run, args=("first",))
     first.start()
     training.wait()  # the first holds the work folder
-    second = threading.Thread(target=run, args=("second", second_log.append))
+    second = threading.Thread(target=run, args=("second",))
     second.start()
     first.join()
     second.join()
     assert reports["first"].steps == reports["second"].steps == CONFIG.steps
     assert reports["second"].final_loss == reports["first"].final_loss
-    assert any(f"in use by another process (pid {os.getpid()}); waiting" in line
-               for line in second_log), second_log
+    waits = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert len(waits) == 1 and f"in use by another process (pid {os.getpid()}); waiting" \
+        in waits[0], waits
     assert counts == {"shards": 2, "steps": CONFIG.steps}

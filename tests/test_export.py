@@ -325,7 +325,8 @@ def _same_policy_folders(a, b):
         assert json.loads((a / name).read_text()) == json.loads((b / name).read_text()), name
 
 
-def test_train_writes_policy_folders_that_export_copies_or_rebuilds(tmp_path, capsys):
+def test_train_writes_policy_folders_that_export_copies_or_rebuilds(tmp_path, capsys,
+                                                                      caplog):
     """`tlt train --model` writes checkpoints/step-N (the newest K), policy/step-N (every
     --save-every steps and the last) and tokenizer/; `tlt export policy` copies a policy folder
     or rebuilds the same folder from a checkpoint; --resume continues from the newest
@@ -377,7 +378,7 @@ def test_train_writes_policy_folders_that_export_copies_or_rebuilds(tmp_path, ca
         _cli(["policy", str(tmp_path / "o"), "--run", str(tmp_path / "mine")])
 
     assert train(run, "--steps", "4", "--resume", "--save-every", "1") == 0
-    assert "resumed at step 3" in capsys.readouterr().out
+    assert "resumed at step 3" in caplog.text
     assert [p.name for p in sorted((run / "policy").iterdir())] == ["step-000004"]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
 

@@ -146,18 +146,18 @@ def test_first_ratio_is_one_when_recomputed_and_the_gap_is_the_engines(monkeypat
     torch.testing.assert_close(weights, mask / mask.sum())  # token-mean: 1 / #tokens each
     if recomputes:
         assert torch.equal(old, logp)  # ratio exp(logp - old) = 1 exactly, at every token
-        assert metrics["clip_fraction"] == 0.0
+        assert metrics["train/clip_fraction"] == 0.0
         # at ratio 1 the surrogate is A itself: L = -(1/#tokens) sum_b A_b n_b
-        assert metrics["loss"] == pytest.approx(float(-(advantages * mask).sum()
+        assert metrics["train/loss"] == pytest.approx(float(-(advantages * mask).sum()
                                                       / mask.sum()), rel=1e-6)
     else:
         assert torch.equal(old, engine_logp)  # the rollout's own log-probs
     # logprob_gap compares the engine with the trainer whichever old log-probs PPO divides by
-    assert metrics["logprob_gap"] == float(((logp - engine_logp) * mask).abs().max())
+    assert metrics["train/logprob_gap"] == float(((logp - engine_logp) * mask).abs().max())
     if dtype == torch.float32:
-        assert metrics["logprob_gap"] < 1e-4  # SD is lossless: ~0 in float32
+        assert metrics["train/logprob_gap"] < 1e-4  # SD is lossless: ~0 in float32
     else:  # the engine's fused bf16 pass rounds differently: recomputing is what fixes ratio 1
-        assert metrics["logprob_gap"] > 1e-3
+        assert metrics["train/logprob_gap"] > 1e-3
 
 
 def test_recomputed_old_logprobs_are_the_pre_update_policys_in_every_minibatch(monkeypatch):

@@ -2,10 +2,10 @@
 wrapper's fallback to the engine's signal."""
 
 import json
+import logging
 import os
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -85,14 +85,15 @@ def test_nvml_loader_handles_a_missing_library():
     assert probe.device_count() == 0 and probe.utilization(0) == -1
 
 
-def test_detector_warns_once_and_falls_back_to_the_engine_signal():
+def test_detector_warns_once_and_falls_back_to_the_engine_signal(caplog):
     now = [0.0]
     library = "libnvidia-ml-missing-for-this-test.so"
-    with pytest.warns(RuntimeWarning, match="engine's signal alone"):
+    with caplog.at_level(logging.WARNING, logger="tlt_core"):
         detector = IdleDetector(nvml_library=library, idle_after_s=0.2, clock=lambda: now[0])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the second detector stays silent
-        IdleDetector(nvml_library=library)
+        IdleDetector(nvml_library=library)  # the second detector stays silent
+    assert [(r.name, r.levelno) for r in caplog.records] == \
+        [("tlt_core.workers.idle", logging.WARNING)]
+    assert "engine's signal alone" in caplog.records[0].getMessage()
     assert not detector.nvml_available and detector.utilization() == -1
     assert not detector.poll(engine_has_work=False)
     now[0] = 0.25
@@ -151,9 +152,8 @@ class _SlowProbe:
 
 
 def test_concurrent_polls_never_go_back_in_time():
-    with pytest.warns(RuntimeWarning):
-        detector = IdleDetector(nvml_library="libnvidia-ml-missing-for-thread-test.so",
-                                idle_after_s=0.0)
+    detector = IdleDetector(nvml_library="libnvidia-ml-missing-for-thread-test.so",
+                            idle_after_s=0.0)
     detector._probe = _SlowProbe()
     errors = []
 

@@ -48,8 +48,8 @@ def test_every_emitted_key_is_documented_and_every_documented_key_emitted(record
                 assert value is None and "null" in METRICS[name][1] or \
                     isinstance(value, (int, float)) and not isinstance(value, bool) and \
                     math.isfinite(value), (name, value)
-    assert records["tlt"][0]["drafter_version"] == 0  # (whether SD ran is the bandit's call)
-    assert records["baseline"][0]["drafter_version"] is None
+    assert records["tlt"][0]["drafter/version"] == 0  # (whether SD ran is the bandit's call)
+    assert records["baseline"][0]["drafter/version"] is None
 
 
 def test_docs_metrics_md_is_the_table():
@@ -167,7 +167,7 @@ def test_tlt_train_writes_jsonl_and_tensorboard(tmp_path, capsys):
         pytest.skip("tensorboard is not installed: metrics.jsonl checked only")
     assert main(argv + ["--tensorboard", "on"]) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
-    assert [step for step, _ in read_scalars(out)["reward"]] == [0, 1]
+    assert [step for step, _ in read_scalars(out)["train/reward"]] == [0, 1]
     assert main(argv + ["--tensorboard", "off", "--overwrite"]) == 0  # old event files go
     assert not list(out.glob("events.out.tfevents.*"))
 
@@ -179,8 +179,8 @@ def test_the_trace_says_which_steps_were_speculative_and_the_report_plots_it(tmp
         for m in history:
             assert len(m["trace_speculative"]) == len(m["trace_running"])
             on = [b for b, sd in zip(m["trace_running"], m["trace_speculative"]) if sd]
-            assert m["sd_batch_max"] == (max(on) if on else None)
-            assert m["sd_on_share"] == pytest.approx(len(on) / len(m["trace_running"]))
+            assert m["spec/batch_max"] == (max(on) if on else None)
+            assert m["spec/sd_step_share"] == pytest.approx(len(on) / len(m["trace_running"]))
             # the step trace is the same rollout, step by step
             trace = m["step_trace"]
             assert [row["batch"] for row in trace] == m["trace_running"]

@@ -2,6 +2,8 @@
 30-80% of the time at temperature 1, with the heavy-tailed response lengths of reasoning RL
 (p99 >= 5x the median), measured on its own samples."""
 
+import logging
+
 import pytest
 import torch
 
@@ -19,15 +21,17 @@ def test_same_seed_same_weights():
         assert torch.equal(a, b), name
 
 
-def test_a_pretrained_model_is_cached_and_announced(tmp_path, monkeypatch, capsys):
+def test_a_pretrained_model_is_cached_and_announced(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("TLT_CACHE_DIR", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="tlt_core")
     model, report, folder = load_pretrained(TINY, progress=False, eval_problems=4)
-    assert "pre-training it now (3 steps" in capsys.readouterr().err  # said before it starts
+    assert "pre-training it now (3 steps" in caplog.records[0].getMessage()  # said first
     assert report.steps == 3 and 0.0 <= report.accuracy_t1 <= 1.0
     assert [path.name for path in tmp_path.iterdir()] == [folder.name]
     assert (folder / "model.safetensors").is_file() and (folder / "pretrain_report.json").is_file()
+    caplog.clear()
     again, report_again, _ = load_pretrained(TINY, progress=False, eval_problems=4)
-    assert report_again == report and capsys.readouterr().err == ""  # loaded, not trained
+    assert report_again == report and not caplog.records  # loaded, not trained
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
 

@@ -100,9 +100,9 @@ def test_train_writes_a_policy_folder_transformers_loads(smollm2_dir, tmp_path):
                  str(data), "--eval-data", str(held_out), "--out", str(out), "--no-progress",
                  "--tensorboard", "off"]) == 0
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(lines) == 2 and all(0.0 <= m["reward"] <= 1.0 for m in lines)
+    assert len(lines) == 2 and all(0.0 <= m["train/reward"] <= 1.0 for m in lines)
     for m in lines:  # the critic and the evaluation ran
-        assert m["value_loss"] is not None and m["eval/pass@2"] is not None
+        assert m["train/value_loss"] is not None and m["eval/pass@2"] is not None
     policies = sorted((out / "policy").iterdir())
     assert policies, "no policy folder written"
     folder = policies[-1]

@@ -77,8 +77,8 @@ def test_dynamic_sampling_drops_exactly_the_all_equal_groups_and_refills(monkeyp
     equal = {p for p, r in scores.items() if len(set(r)) == 1}
     assert len(scores) == driver.state.prompts_used  # the data cursor counts refills
     assert {p for p in scores if int(p.split()[0]) % 2} <= equal  # the constant ones, at least
-    assert metrics["groups_dropped"] == len(equal) < len(scores)  # exactly the all-equal ones
-    assert metrics["refill_rounds"] >= 1
+    assert metrics["rollout/groups_dropped"] == len(equal) < len(scores)  # the all-equal ones
+    assert metrics["rollout/refill_rounds"] >= 1
     [kept] = seen
     kept_prompts = {detokenize(r.prompt_ids) for r in kept}
     assert len(kept) == 4 * 4 and len(kept_prompts) == 4  # refilled to prompts_per_step
@@ -92,9 +92,9 @@ def test_a_step_that_never_fills_trains_on_what_it_kept(monkeypatch):
                   lambda prompt, response, reference: 1.0)  # every group constant
     before = [p.detach().clone() for p in driver.policy.parameters()]
     metrics = driver.step()
-    assert metrics["refill_rounds"] == 2 and metrics["groups_dropped"] == \
+    assert metrics["rollout/refill_rounds"] == 2 and metrics["rollout/groups_dropped"] == \
         driver.state.prompts_used
-    assert metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
+    assert metrics["train/loss"] == 0.0 and metrics["train/grad_norm"] == 0.0
     for a, b in zip(before, driver.policy.parameters()):
         assert torch.equal(a, b)  # nothing to learn from: no update
 
@@ -122,7 +122,7 @@ def test_mask_truncated_completions_zeroes_exactly_the_truncated_responses(monke
             reasons = value
         else:
             weights.append((reasons, value))
-    assert 0 < metrics["truncated_fraction"] < 1, "the test needs both kinds of response"
+    assert 0 < metrics["rollout/truncated_fraction"] < 1, "the test needs both kinds"
     total = 0.0
     for finish, w in weights:
         for reason, row in zip(finish, w):
@@ -142,7 +142,7 @@ def test_the_schedule_reaches_the_optimizers():
         metrics = driver.step()
         scale = lr_multiplier(step, steps=4, warmup_steps=1, scheduler="cosine",
                               min_lr_ratio=0.1)
-        assert metrics["lr"] == pytest.approx(1e-2 * scale)
+        assert metrics["train/lr"] == pytest.approx(1e-2 * scale)
         assert driver.optimizer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * scale)
         assert driver.critic_optimizer.optimizer.param_groups[0]["lr"] == \
             pytest.approx(2e-2 * scale)
@@ -154,14 +154,15 @@ def test_ppo_trains_its_critic_and_logs_its_metrics():
     assert head.abs().sum() == 0  # V = 0 before training
     history = [driver.step() for _ in range(4)]
     assert head.abs().sum() > 0
-    assert all(m["value_loss"] is not None and m["value_loss"] >= 0 for m in history)
-    assert history[-1]["explained_variance"] is not None
+    assert all(m["train/value_loss"] is not None and m["train/value_loss"] >= 0
+               for m in history)
+    assert history[-1]["train/explained_variance"] is not None
     assert not any(p is q for p in driver.critic.parameters() for q in driver.policy.parameters())
 
 
 def test_grpo_steps_carry_no_critic_metrics():
     metrics = make(small(steps=1)).step()
-    assert metrics["value_loss"] is None and metrics["explained_variance"] is None
+    assert metrics["train/value_loss"] is None and metrics["train/explained_variance"] is None
     assert metrics["eval/reward"] is None  # no evaluation in this step
 
 
@@ -195,8 +196,8 @@ def test_resume_equals_uninterrupted_with_every_option_on(tmp_path, options):
                    seed=123)  # other initial weights: the checkpoint restores all
     resumed.resume(saved)
     resumed.step()
-    timing = {"step_s", "rollout_s", "train_s", "rollout_share", "tail_s", "trace_time_s",
-              "eval_s", "step_trace"}
+    timing = {"train/step_s", "rollout/time_s", "train/update_s", "rollout/time_share",
+              "rollout/tail_s", "trace_time_s", "eval/time_s", "step_trace"}
 
     def untimed(trace):
         return [{k: v for k, v in row.items() if k not in ("seconds", "catch_up_s")}
@@ -284,9 +285,9 @@ def test_tlt_train_takes_every_option_from_a_config_file(tmp_path, capsys):
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2
     for m in lines:
-        assert m["value_loss"] is not None and m["eval/reward"] is not None
+        assert m["train/value_loss"] is not None and m["eval/reward"] is not None
         assert m["eval/pass@2"] is not None and m["eval/pass@4"] is None
-    assert lines[0]["lr"] == pytest.approx(1e-4)  # warm-up step 0 of 1: the full rate
+    assert lines[0]["train/lr"] == pytest.approx(1e-4)  # warm-up step 0 of 1: the full rate
     assert (out / "report.md").is_file()
 
 

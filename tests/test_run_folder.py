@@ -103,7 +103,7 @@ def test_resume_never_starts_afresh(tmp_path, train):
         resume_point(run, resume=True, overwrite=False, nested=True)
 
 
-def test_compare_keeps_and_resumes_its_baseline(tmp_path, train, capsys):
+def test_compare_keeps_and_resumes_its_baseline(tmp_path, train, caplog):
     """--compare's baseline/ is part of the run in --out: a rerun is refused naming it,
     --overwrite clears it (its lock file stays), and --resume starts it afresh when no step of
     it had finished."""
@@ -115,9 +115,9 @@ def test_compare_keeps_and_resumes_its_baseline(tmp_path, train, capsys):
     for part in ("checkpoints", "policy"):  # interrupted before the baseline's first step
         shutil.rmtree(run / "baseline" / part)
     (run / "baseline" / "metrics.jsonl").unlink()
-    capsys.readouterr()
+    caplog.clear()
     assert train(run, "--steps", "2", "--compare", "--resume", tlt=True) == 0
-    assert "tlt: resumed at step 2" in capsys.readouterr().out
+    assert "tlt: resumed at step 2" in caplog.text
     assert len((run / "baseline" / "metrics.jsonl").read_text().splitlines()) == 2
     assert train(run, "--steps", "1", "--overwrite") == 0  # SD off: no baseline of its own
     assert sorted(p.name for p in (run / "baseline").iterdir()) == [LOCK_FILE]
@@ -163,10 +163,10 @@ def test_a_waiting_holder_gets_the_folder_when_the_first_lets_go(tmp_path):
     thread = threading.Thread(target=first)
     thread.start()
     first_in.wait()
-    with folder_lock(tmp_path, wait=True):
+    with folder_lock(tmp_path, wait=True, on_wait=order.append):  # told the holder's pid
         order.append("second in")
     thread.join()
-    assert order == ["first out", "second in"]
+    assert order == [os.getpid(), "first out", "second in"]
 
 
 def test_a_failed_write_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, train,

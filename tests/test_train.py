@@ -48,7 +48,7 @@ def small(**overrides):
 
 def test_reward_rises_with_a_real_learning_signal():
     trainer = make(small(steps=12))
-    rewards = [trainer.step()["reward"] for _ in range(12)]
+    rewards = [trainer.step()["train/reward"] for _ in range(12)]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
 
 
@@ -67,7 +67,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     resumed.resume(saved)
     assert resumed.state.step == 2
     resumed.step()
-    keys = ("reward", "loss", "clip_fraction", "response_lengths")
+    keys = ("train/reward", "train/loss", "train/clip_fraction", "response_lengths")
     assert [[m[k] for k in keys] for m in resumed.state.history] == \
         [[m[k] for k in keys] for m in whole.state.history]
     for a, b in zip(whole.policy.parameters(), resumed.policy.parameters()):
@@ -90,7 +90,8 @@ def test_micro_batches_give_the_same_update():
     for _ in range(2):
         a, b = whole.step(), split.step()
         assert a["response_lengths"] == b["response_lengths"]
-        assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4
+        assert abs(a["train/loss"] - b["train/loss"]) < 1e-5
+        assert abs(a["train/grad_norm"] - b["train/grad_norm"]) < 1e-4
     for x, y in zip(whole.policy.parameters(), split.policy.parameters()):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
 
@@ -107,8 +108,8 @@ def test_tlt_rollout_logprobs_match_and_drafter_state_is_checkpointed(tmp_path):
                                       plan: 1.0 if plan is not None else 1e-9)
     for _ in range(2):
         metrics = trainer.step()
-        assert metrics["logprob_gap"] < 1e-4
-        assert metrics["sd_on_share"] > 0 and metrics["acceptance_length"] > 1.5
+        assert metrics["train/logprob_gap"] < 1e-4
+        assert metrics["spec/sd_step_share"] > 0 and metrics["spec/acceptance_length"] > 1.5
         assert metrics["drafter_event"] == "ok"
     state = trainer.state_dict()
     assert {"drafter", "adaptive", "optimizer", "rng"} <= set(state)
@@ -172,7 +173,7 @@ def _bf16_rank_main(rank, world, rendezvous, out):
                        toy_reward, detokenize, (), small(steps=1))
     metrics = trainer.step()
     torch.save({"weights": [p.detach().float().clone() for p in trainer.policy.parameters()],
-                "reward": metrics["reward"]}, f"{out}.{rank}")
+                "reward": metrics["train/reward"]}, f"{out}.{rank}")
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)  # see test_workers: leave without C++ static teardown
@@ -195,8 +196,8 @@ def test_two_ranks_train_a_bf16_policy_in_lockstep(tmp_path):
     assert moved
 
 
-RANKED_METRICS = ("reward", "groups_dropped", "refill_rounds", "truncated_fraction",
-                  "eval/reward")
+RANKED_METRICS = ("train/reward", "rollout/groups_dropped", "rollout/refill_rounds",
+                  "rollout/truncated_fraction", "eval/reward")
 
 
 @pytest.mark.slow

@@ -117,7 +117,7 @@ def test_nothing_a_user_gave_is_lost_when_a_run_is_killed_and_resumed(tmp_path):
 
     ours = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     theirs = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
-    keys = ("step", "reward", "loss", "grad_norm", "response_lengths")
+    keys = ("step", "train/reward", "train/loss", "train/grad_norm", "response_lengths")
     assert [[m[k] for k in keys] for m in ours] == [[m[k] for k in keys] for m in theirs]
     assert list(step_folders(checkpoints)) == [STEPS - 1, STEPS]
     assert not [p for p in run.rglob("*") if TEMPORARY_MARK in p.name]

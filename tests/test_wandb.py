@@ -28,25 +28,26 @@ needs_wandb = pytest.mark.skipif(not wandb_available(), reason="the wandb packag
 
 OFFLINE = WandbSettings("tlt-test", mode="offline", run_name="tiny", group="tiny-group",
                         config={"lr": 5e-5, "tlt": True})
-BUCKET = next(name for name in METRICS if name.startswith("acceptance_length/"))
+BUCKET = next(name for name in METRICS if name.startswith("spec/acceptance_length/"))
 
 
 def fake_records(steps: int) -> list[dict]:
     """Step records as RLDriver.step() returns them (every key of both tables), with values
-    that say which step and metric they are; acceptance_length is null in step 1 (no
+    that say which step and metric they are; spec/acceptance_length is null in step 1 (no
     speculative step) and so is every bucket but BUCKET."""
     records = []
     for step in range(steps):
         record = {name: None for name in RECORD_FIELDS} | {"step": step}
         for index, name in enumerate(METRICS):
-            record[name] = None if name.startswith("acceptance_length/") else \
+            record[name] = None if name.startswith("spec/acceptance_length/") else \
                 round(step + index / 100 + 0.123456789, 9)
-        record.update(drafter_version=step, spot_steps=3 * step, reward_errors=0,
-                      response_lengths=[4, 9, 9, 30 + step], trace_time_s=[0.1, 0.2],
-                      trace_running=[4, 1], drafter_event="ok")
+        record.update({"drafter/version": step, "drafter/spot_steps": 3 * step,
+                       "train/reward_errors": 0, "response_lengths": [4, 9, 9, 30 + step],
+                       "trace_time_s": [0.1, 0.2], "trace_running": [4, 1],
+                       "drafter_event": "ok"})
         record[BUCKET] = 2.5 + step
         if step == 1:
-            record["acceptance_length"] = None
+            record["spec/acceptance_length"] = None
         records.append(record)
     return records
 
@@ -179,9 +180,9 @@ def test_an_offline_run_holds_the_metrics_under_their_names(tmp_path):
         assert sum(histogram["values"]) == len(record["response_lengths"])
         assert (histogram["bins"][0], histogram["bins"][-1]) == \
             (min(record["response_lengths"]), max(record["response_lengths"]))
-    assert logged[0]["reward"] == records[0]["reward"] == 0.123456789
+    assert logged[0]["train/reward"] == records[0]["train/reward"] == 0.123456789
     assert logged[2][BUCKET] == 4.5
-    assert "acceptance_length" not in logged[1]
+    assert "spec/acceptance_length" not in logged[1]
     run, exits = run_record(path)
     assert (run.run_id, run.project, run.display_name, run.run_group) == \
         (run_id, "tlt-test", "tiny", "tiny-group")
@@ -367,7 +368,7 @@ def test_settings_name_the_bad_field():
 
 @needs_wandb
 @pytest.mark.slow
-def test_tlt_train_writes_an_offline_run_and_overwrite_clears_it(tmp_path, capsys):
+def test_tlt_train_writes_an_offline_run_and_overwrite_clears_it(tmp_path, caplog):
     """The embedded default, one small step: the run holds the step's metrics.jsonl scalars,
     named after --out, with the run's config; --overwrite's clear_run deletes wandb's files."""
     from tlt_core.cli import main
@@ -379,8 +380,7 @@ def test_tlt_train_writes_an_offline_run_and_overwrite_clears_it(tmp_path, capsy
                  "offline", "--no-progress", "--nproc", "1", "--out", str(out)]) == 0
     (path,) = offline_runs(out)
     run_id = (out / WANDB_RUN_ID_FILE).read_text().strip()
-    assert f"wandb: run {run_id} of project test, offline in {out / WANDB_DIR}" in \
-        capsys.readouterr().out
+    assert f"wandb: run {run_id} of project test, offline in {out / WANDB_DIR}" in caplog.text
     (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     logged = history(path)
     assert sorted(logged) == [0]

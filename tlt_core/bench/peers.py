@@ -200,7 +200,7 @@ def trl_grpo(steps: int = 10, prompts: int = 64, progress: bool = True) -> list[
                           run_inputs.stop_ids, replace(config, tlt=tlt),
                           drafter=run_inputs.drafter, calibration=run_inputs.calibration)
         history = [driver.step() for _ in range(config.steps)][1:]
-        seconds = [m["step_s"] for m in history]
+        seconds = [m["train/step_s"] for m in history]
         tokens = [sum(m["response_lengths"]) for m in history]
         ours, theirs_rate = sum(tokens) / sum(seconds), sum(trl_tokens) / sum(trl_seconds)
         rows.append({"peer": "trl_grpo",

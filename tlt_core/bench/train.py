@@ -173,13 +173,14 @@ def _row(label: str, run_name: str, m: dict) -> dict:
     """One run's step as a row: its times, rates, reward and acceptance, lengths and trace."""
     tokens = sum(m["response_lengths"])
     return {"model": label, "run": run_name, "step": m["step"],
-            "step_s": m["step_s"], "rollout_s": m["rollout_s"], "train_s": m["train_s"],
-            "calibration_s": m["calibration_s"],
-            "tokens": tokens, "tok_s": tokens / m["step_s"],
-            "rollout_tok_s": tokens / m["rollout_s"],
-            "reward": m["reward"], "acceptance_length": m["acceptance_length"],
-            **{key: m[key] for key in m if key.startswith("acceptance_length/")},
-            "sd_on_share": m["sd_on_share"], "logprob_gap": m["logprob_gap"],
+            "step_s": m["train/step_s"], "rollout_s": m["rollout/time_s"],
+            "train_s": m["train/update_s"], "calibration_s": m["rollout/calibration_s"],
+            "tokens": tokens, "tok_s": tokens / m["train/step_s"],
+            "rollout_tok_s": tokens / m["rollout/time_s"],
+            "reward": m["train/reward"], "acceptance_length": m["spec/acceptance_length"],
+            **{key.removeprefix("spec/"): m[key] for key in m
+               if key.startswith("spec/acceptance_length/")},
+            "sd_on_share": m["spec/sd_step_share"], "logprob_gap": m["train/logprob_gap"],
             "response_lengths": m["response_lengths"],
             "step_trace": {"columns": list(TRACE_COLUMNS),
                            "rows": [[row[c] for c in TRACE_COLUMNS] for row in m["step_trace"]]}}

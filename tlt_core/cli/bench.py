@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -43,6 +43,8 @@ from tlt_core.model.gguf_convert import cache_root
 from tlt_core.sim.simulator import load_calibration
 from tlt_core.tasks.arithmetic_problems import generate_problems, write_jsonl
 from tlt_core.tasks.inputs import TrainInputs, checkpoint_inputs
+
+logger = logging.getLogger(__name__)
 
 
 def model_workload(args: argparse.Namespace, command: str, *,
@@ -118,7 +120,7 @@ def _write_json(path: Path | None, result: dict) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {path}")
+    logger.info("wrote %s", path)
 
 
 def _write_rows(path: Path | None, rows: list[dict]) -> None:
@@ -126,7 +128,7 @@ def _write_rows(path: Path | None, rows: list[dict]) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"wrote {len(rows)} rows to {path}")
+    logger.info("wrote %d rows to %s", len(rows), path)
 
 
 def run_kernels(args: argparse.Namespace) -> int:
@@ -174,8 +176,8 @@ def run_speculative(args: argparse.Namespace) -> int:
     if args.model is None:
         workload = load_embedded(progress=not args.no_progress)
         report = workload.drafter_report
-        print(f"drafter: {report.steps} training steps, teacher-forced top-1 agreement "
-              f"{report.final_top1:.3f}")
+        logger.info("drafter: %d training steps, teacher-forced top-1 agreement %.3f",
+                    report.steps, report.final_top1)
         target, drafter, label = workload.target, workload.drafter, EMBEDDED_LABEL
 
         def requests_for(batch, temperature, seed):
@@ -198,7 +200,7 @@ def run_speculative(args: argparse.Namespace) -> int:
     _write_rows(args.json, bench_speculative.as_rows(results))
     if args.plot:
         bench_speculative.plot(results, args.plot)
-        print(f"wrote {args.plot}")
+        logger.info("wrote %s", args.plot)
     return 0
 
 
@@ -228,7 +230,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     print(bench_rollout.format_table(result))
     if options.plot is not None:
         bench_rollout.plot(result, options.plot)
-        print(f"wrote {options.plot}")
+        logger.info("wrote %s", options.plot)
     _write_json(options.json, result)
     return 0
 
@@ -321,8 +323,8 @@ def run_peers(args: argparse.Namespace) -> int:
     try:
         rows += bench_peers.trl_grpo(progress=not args.no_progress)
     except ImportError as error:
-        print(f"trl_grpo: skipped, TRL is not installed ({error}); bash bench/setup_peers.sh "
-              "installs it", file=sys.stderr)
+        logger.warning("trl_grpo: skipped, TRL is not installed (%s); bash "
+                       "bench/setup_peers.sh installs it", error)
     print(bench_peers.format_table(rows))
     _write_rows(args.json, rows)
     return 0
@@ -354,7 +356,7 @@ def run_task_lengths(args: argparse.Namespace) -> int:
         print(f"{label:>22}: " + ", ".join(f"{k} {v:.1f}" for k, v in stats.items()))
     if args.plot:
         bench_lengths.plot_histogram(series, args.plot)
-        print(f"wrote {args.plot}")
+        logger.info("wrote %s", args.plot)
     return 0
 
 

@@ -10,10 +10,12 @@ conversion of the same file. Both print the folder, so `tlt generate --model "$(
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 from pathlib import Path
 
 from tlt_core.model.gguf_convert import SMOLLM2, cache_root, cached_conversion, convert_gguf
+
+logger = logging.getLogger(__name__)
 
 
 def add_parsers(commands) -> None:
@@ -51,8 +53,8 @@ def run_gguf(args: argparse.Namespace) -> int:
 def run_smollm2(args: argparse.Namespace) -> int:
     try:
         source = SMOLLM2.path()
-        print(f"tlt convert smollm2: {source} (a conversion of this file is reused; the first "
-              "takes about 30 s)", file=sys.stderr)
+        logger.info("tlt convert smollm2: %s (a conversion of this file is reused; the first "
+                    "takes about 30 s)", source)
         folder = cached_conversion(source, args.out, name=SMOLLM2.name)
     except (FileNotFoundError, ImportError, ValueError) as error:
         raise SystemExit(f"tlt convert smollm2: {error}") from None

@@ -6,9 +6,12 @@ download: "question" is the prompt, "answer" a worked solution ending in `#### N
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from tlt_core.tasks.arithmetic_problems import generate_problems, write_jsonl
+
+logger = logging.getLogger(__name__)
 
 
 def add_parsers(commands) -> None:
@@ -31,5 +34,5 @@ def run_arithmetic(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise SystemExit(f"tlt data arithmetic: --n must be >= 1, got {args.n}")
     write_jsonl(args.out, generate_problems(args.n, seed=args.seed))
-    print(f"wrote {args.n} problems (seed {args.seed}) to {args.out}")
+    logger.info("wrote %d problems (seed %d) to %s", args.n, args.seed, args.out)
     return 0

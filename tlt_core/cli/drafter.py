@@ -12,7 +12,7 @@ with the same flags.
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 from pathlib import Path
 
 from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_arguments,
@@ -22,6 +22,8 @@ from tlt_core.model.prompt_format import load_prompt_format
 from tlt_core.tasks.data import load_prompts
 from tlt_core.warmup.config import OfflineConfig
 from tlt_core.warmup.offline import train_offline
+
+logger = logging.getLogger(__name__)
 
 DEFAULTS = OfflineConfig()
 
@@ -123,9 +125,9 @@ def run_train(args: argparse.Namespace) -> int:
     if args.show_prompt:
         print(tokenizer.decode(prompts[0]))
         return 0
-    print(f"{command}: {len(prompts)} prompts from {args.data} ({prompt_format.describe()}), "
-          f"{len(prompts) - config.held_out} to train on, {config.held_out} held out",
-          file=sys.stderr)
+    logger.info("%s: %d prompts from %s (%s), %d to train on, %d held out", command,
+                len(prompts), args.data, prompt_format.describe(),
+                len(prompts) - config.held_out, config.held_out)
     try:
         target = load_checkpoint(args.model, dtype=placement.dtype, device=placement.device)
         report = train_offline(
@@ -133,7 +135,7 @@ def run_train(args: argparse.Namespace) -> int:
             metadata={"target": str(args.model), "data": str(args.data),
                       "prompt_format": prompt_format.describe(),
                       "dtype": str(placement.dtype).removeprefix("torch.")},
-            progress=not args.no_progress, log=lambda line: print(line, file=sys.stderr))
+            progress=not args.no_progress)
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"{command}: {error}") from None
     acceptance = "; ".join(

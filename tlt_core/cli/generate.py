@@ -19,13 +19,16 @@ finishes requests as a batch and has no per-token callback.
 
 Output: the responses on stdout (text), or with `--json` one JSON object per response
 ({"index", "prompt", "response", "token_ids", "finish_reason", "num_tokens"}) followed, per
-engine call, by one {"summary": {...}} object; the live line and summaries go to stderr.
+engine call, by one {"summary": {...}} object; the live line, the summaries, `--stats` and the
+interactive prompt go to stderr, as the command's own output; what the model is and a prompt
+that could not be encoded are logged (tlt_core.cli.logs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -45,6 +48,8 @@ from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_argu
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.placement import Placement, peak_memory_bytes
 from tlt_core.model.prompt_format import load_prompt_format
+
+logger = logging.getLogger(__name__)
 
 LIVE_INTERVAL_S = 0.2  # the live line is redrawn at most this often
 
@@ -348,9 +353,9 @@ def run_generate(args: argparse.Namespace, stdin: TextIO | None = None,
     except (FileNotFoundError, ImportError, ValueError) as error:  # they name the file
         raise SystemExit(f"tlt generate: {error}") from None
     if args.model is not None:
-        print(f"tlt generate: {model.description}", file=stderr)
+        logger.info("tlt generate: %s", model.description)
     if args.model is not None and config.sd and args.drafter is None:
-        print("tlt generate: no --drafter for --model: plain decoding", file=stderr)
+        logger.info("tlt generate: no --drafter for --model: plain decoding")
     live = stderr if not args.no_progress and stderr.isatty() else None
     if not interactive:
         try:
@@ -396,7 +401,7 @@ def _interactive(model: TextModel, config: GenerateConfig, as_json: bool, stdin:
                 records, summary = generate(model, [prompt], config, first_index=index,
                                             live=live)
             except ValueError as error:  # a prompt the tokenizer cannot encode: say, go on
-                print(f"tlt generate: {error}", file=stderr)
+                logger.error("tlt generate: %s", error)
                 continue
             index += 1
             _emit(records, summary, as_json, stdout, stderr, headers=False)

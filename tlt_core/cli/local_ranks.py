@@ -4,12 +4,14 @@
 TLT's drafter is trained by the ranks that finish their share of a rollout early, while the
 others still decode the tail; with one process there is no such rank. The CPU's cores are split
 between the ranks (intra-op threads), so N ranks use the machine as one process would. Rank 0
-prints and writes; the other ranks' standard output is discarded (their errors still show).
+prints and writes; the other ranks' standard output is discarded, and they log warnings and
+errors only (tlt_core.cli.logs), at most the level the command was started with.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -17,6 +19,10 @@ from typing import Callable
 
 import torch
 import torch.multiprocessing as mp
+
+from tlt_core.cli.logs import configure_logging, current_level
+
+logger = logging.getLogger(__name__)
 
 LAUNCHED = "TLT_LOCAL_RANKS"  # set in the ranks this module starts
 
@@ -33,18 +39,20 @@ def run_local_ranks(nproc: int, command: Callable, *args) -> int:
     environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
                    "WORLD_SIZE": str(nproc), LAUNCHED: "1"}
     try:
-        mp.spawn(_rank_main, args=(environment, threads, command, args), nprocs=nproc,
-                 join=True)
+        mp.spawn(_rank_main, args=(environment, threads, current_level(), command, args),
+                 nprocs=nproc, join=True)
     except mp.ProcessExitedException as error:  # the rank printed why (a SystemExit message)
         return error.exit_code if error.exit_code and error.exit_code > 0 else 1
     except mp.ProcessRaisedException as error:
-        print(f"rank {error.error_index} failed:\n{error}", file=sys.stderr)
+        logger.error("rank %d failed:\n%s", error.error_index, error)
         return 1
     return 0
 
 
-def _rank_main(rank: int, environment: dict, threads: int, command: Callable, args) -> None:
+def _rank_main(rank: int, environment: dict, threads: int, log_level: int, command: Callable,
+               args) -> None:
     os.environ.update(environment, RANK=str(rank), LOCAL_RANK=str(rank))
+    configure_logging(log_level, rank)  # a spawned process starts with logging unconfigured
     torch.set_num_threads(threads)
     quiet = open(os.devnull, "w") if rank else contextlib.nullcontext(sys.stdout)
     with quiet as out, contextlib.redirect_stdout(out):

@@ -4,17 +4,20 @@ Each subcommand module (`train`, `generate`, `drafter`, `convert`, `data`, `expo
 `bench`, `demo`) adds its parsers with `add_parsers(commands)` and sets each leaf's runner
 (`set_defaults(runner=...)`); `main` parses (defaults < `--config FILE` < flags,
 tlt_core.cli.config_file) and calls the runner.
-Every leaf takes `--config FILE`, and every option's help gives its default
+Every leaf takes `--config FILE` and the logging flags (-v, -q, --log-level; tlt_core.cli.logs,
+which `main` configures before the runner starts), and every option's help gives its default
 (tlt_core.cli.options.HelpFormatter). docs/cli.md has the details.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tlt_core.cli import bench, convert, data, demo, drafter, export, generate, train
 from tlt_core.cli.config_file import ConfigError, add_config_argument, parse_args
+from tlt_core.cli.logs import add_logging_arguments, chosen_level, configure_logging
 from tlt_core.cli.options import (HelpFormatter, RawDescriptionHelpFormatter, chosen_parser,
                                   subcommand_help, subparsers_action, walk_parsers)
 
@@ -39,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
             leaves.append(path)
             if "--config" not in each._option_string_actions:
                 add_config_argument(each)
+            add_logging_arguments(each)
     width = max(len(" ".join(path)) for path in leaves) + 6
     parser.epilog = "commands (tlt COMMAND --help for each one's options):\n" + "\n".join(
         f"  {'tlt ' + ' '.join(path):<{width}}{helps.get(path, '')}" for path in leaves)
@@ -54,4 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(parser, argv)
     except ConfigError as error:
         (leaf or parser).error(str(error))
+    try:
+        level = chosen_level(args.log_level)
+    except ValueError as error:  # it names TLT_LOG_LEVEL
+        (leaf or parser).error(str(error))
+    # a rank that torchrun started logs warnings only, unless it is rank 0 (tlt_core.cli.logs)
+    configure_logging(level, rank=int(os.environ.get("RANK", "0")))
     return args.runner(args)

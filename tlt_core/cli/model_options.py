@@ -6,10 +6,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 
 from tlt_core.model.placement import DEVICES, DTYPES, Placement, resolve_placement
 from tlt_core.model.prompt_format import CHAT_TEMPLATE_HELP
+
+logger = logging.getLogger(__name__)
 
 EMBEDDED_DTYPE_WHY = "auto: the embedded model runs in float32 (its small matrices gain " \
                      "nothing from bf16)"
@@ -33,7 +35,7 @@ def add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def placement_from_args(args: argparse.Namespace, command: str, *, embedded: bool) -> Placement:
-    """The placement the flags ask for, said on stderr; errors name the flag."""
+    """The placement the flags ask for, logged (info); errors name the flag."""
     dtype = "float32" if embedded and args.dtype == "auto" else args.dtype
     try:
         placement = resolve_placement(args.device, dtype)
@@ -41,5 +43,5 @@ def placement_from_args(args: argparse.Namespace, command: str, *, embedded: boo
         raise SystemExit(f"{command}: --{error}") from None
     if embedded and args.dtype == "auto":
         placement = Placement(placement.device, placement.dtype, EMBEDDED_DTYPE_WHY)
-    print(f"{command}: {placement.describe()}", file=sys.stderr)
+    logger.info("%s: %s", command, placement.describe())
     return placement

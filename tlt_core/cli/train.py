@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from dataclasses import replace
@@ -54,6 +55,8 @@ from tlt_core.rl.config import CHOICES, TrainConfig
 from tlt_core.rl.driver import RLDriver
 from tlt_core.tasks.inputs import TrainInputs, checkpoint_inputs, load_reward
 from tlt_core.tasks.rewards import RewardMix, math_reward
+
+logger = logging.getLogger(__name__)
 
 
 
@@ -169,13 +172,11 @@ def run_train(args: argparse.Namespace) -> int:
             except (FileNotFoundError, ImportError, ValueError) as error:  # they name the file
                 raise SystemExit(f"tlt train: {error}") from None
     else:
-        if _rank() == 0:
-            print("tlt train: GRPO on the embedded task (countdown sums mod 100, worked step by "
-                  "step, with heavy-tailed response lengths) and the embedded model (8 layers, "
-                  "1.6M parameters), TLT " + ("on" if config.tlt else "off") + f"; "
-                  f"{config.steps} steps. Set-up first: load the model and drafter (shipped "
-                  "with the package), then calibrate the adaptive loop's cost model "
-                  "(seconds).", file=sys.stderr, flush=True)
+        logger.info("tlt train: GRPO on the embedded task (countdown sums mod 100, worked step "
+                    "by step, with heavy-tailed response lengths) and the embedded model (8 "
+                    "layers, 1.6M parameters), TLT %s; %d steps. Set-up first: load the model "
+                    "and drafter (shipped with the package), then calibrate the adaptive loop's "
+                    "cost model (seconds).", "on" if config.tlt else "off", config.steps)
         inputs = lambda: train_inputs(progress=not args.no_progress)  # noqa: E731
     runs = {"tlt" if config.tlt else "baseline": (args.out, config)}
     if args.compare and config.tlt:
@@ -206,7 +207,7 @@ def run_train(args: argparse.Namespace) -> int:
     for name, history in histories.items():
         s = summarize(history)
         print(f"{name}: {s['steps']} steps in {s['time_s']:.1f} s (rollout {s['rollout_s']:.1f} s, "
-              f"train {s['train_s']:.1f} s), reward {s['reward_first']:.3f} -> "
+              f"update {s['update_s']:.1f} s), reward {s['reward_first']:.3f} -> "
               f"{s['reward_last']:.3f} (mean {s['reward_mean']:.3f}), max logprob gap "
               f"{s['max_logprob_gap']:.1e}")
     if "baseline" in histories and "tlt" in histories:
@@ -261,8 +262,8 @@ def _tensorboard_wanted(choice: str) -> bool:
     if choice == "on":
         raise SystemExit("tlt train: --tensorboard on: the tensorboard package is not installed "
                          "(pip install tensorboard)")
-    print("metrics: metrics.jsonl only (pip install tensorboard for TensorBoard event files)",
-          file=sys.stderr)
+    logger.info("metrics: metrics.jsonl only (pip install tensorboard for TensorBoard event "
+                "files)")
     return False
 
 
@@ -285,14 +286,14 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
     folder.mkdir(parents=True, exist_ok=True)
     checkpoints = folder / CHECKPOINTS_DIR
     if inputs.bad_rows:
-        print(f"data: skipped {len(inputs.bad_rows)} malformed rows "
-              f"(first: line {inputs.bad_rows[0][0]}: {inputs.bad_rows[0][1]})", file=sys.stderr)
+        logger.warning("data: skipped %d malformed rows (first: line %s: %s)",
+                       len(inputs.bad_rows), *inputs.bad_rows[0])
     if start is not None:
         try:
             driver.resume(start)
         except (FileNotFoundError, ValueError) as error:  # it names what differs or is damaged
             raise SystemExit(f"tlt train: --resume: {error}") from None
-        print(f"{name}: resumed at step {driver.state.step} from {start}")
+        logger.info("%s: resumed at step %d from %s", name, driver.state.step, start)
     writing = driver.group.rank == 0  # rank 0 writes metrics, checkpoints and policy folders
     # Without a Hugging Face tokenizer (the embedded model) the folders still name the ids that
     # end a response, so that transformers' generate stops where the rollouts did.
@@ -307,10 +308,10 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
         with _metrics_writer(folder, config, args, tensorboard, nested=nested,
                              history=driver.state.history if start is not None else None,
                              enabled=writing) as writer:
-            print(f"{name}: {inputs.description}, TLT {'on' if config.tlt else 'off'}; "
-                  f"{config.steps} steps x {config.prompts_per_step} prompts x "
-                  f"{config.samples_per_prompt} samples -> {folder}"
-                  + (" (metrics.jsonl + TensorBoard)" if writer.tensorboard else ""))
+            logger.info("%s: %s, TLT %s; %d steps x %d prompts x %d samples -> %s%s", name,
+                        inputs.description, "on" if config.tlt else "off", config.steps,
+                        config.prompts_per_step, config.samples_per_prompt, folder,
+                        " (metrics.jsonl + TensorBoard)" if writer.tensorboard else "")
             while driver.state.step < config.steps:
                 metrics = driver.step()
                 driver.save(checkpoints, keep=args.keep_checkpoints)
@@ -326,8 +327,8 @@ def _train_one(name: str, folder: Path, config: TrainConfig, inputs: TrainInputs
                     bar.write(f"{name}: policy after step {step}: {policy}")
     except KeyboardInterrupt:
         bar.close()
-        print(f"\n{name}: interrupted in step {driver.state.step}; "
-              + _how_to_continue(checkpoints, nested), file=sys.stderr)
+        logger.warning("%s: interrupted in step %d; %s", name, driver.state.step,
+                       _how_to_continue(checkpoints, nested))
         return None
     except OSError as error:  # disk full, no permission: it names the path
         bar.close()
@@ -362,9 +363,9 @@ def _metrics_writer(folder: Path, config: TrainConfig, args: argparse.Namespace,
     except WandbError as error:
         raise SystemExit(f"tlt train: --wandb-project: {error}") from None
     if writer.wandb is not None:
-        print(f"wandb: run {writer.wandb.run_id} of project {args.wandb_project}, "
-              + (f"offline in {folder / 'wandb'} (`wandb sync` uploads it)"
-                 if writer.wandb.offline else writer.wandb.url or "online"))
+        logger.info("wandb: run %s of project %s, %s", writer.wandb.run_id, args.wandb_project,
+                    f"offline in {folder / 'wandb'} (`wandb sync` uploads it)"
+                    if writer.wandb.offline else writer.wandb.url or "online")
     return writer
 
 
@@ -380,17 +381,19 @@ def _how_to_continue(checkpoints: Path, nested: bool) -> str:
 
 
 def _line(m: dict) -> str:
-    acceptance = "-" if m["acceptance_length"] is None else f"{m['acceptance_length']:.2f}"
-    version = "-" if m["drafter_version"] is None else str(m["drafter_version"])
-    return (f"step {m['step']:>3}  reward {m['reward']:.3f}  step {m['step_s']:.2f}s  rollout "
-            f"{100 * m['rollout_share']:.0f}%  tail {m['tail_s']:.2f}s  accept {acceptance}  "
-            f"SD-on {100 * m['sd_on_share']:.0f}%{_sd_rows(m)}  drafter v{version}  gap "
-            f"{m['logprob_gap']:.1e}" + (f"  reward errors {m['reward_errors']}"
-                                        if m["reward_errors"] else ""))
+    acceptance = m["spec/acceptance_length"]
+    acceptance = "-" if acceptance is None else f"{acceptance:.2f}"
+    version = "-" if m["drafter/version"] is None else str(m["drafter/version"])
+    errors = m["train/reward_errors"]
+    return (f"step {m['step']:>3}  reward {m['train/reward']:.3f}  step "
+            f"{m['train/step_s']:.2f}s  rollout {100 * m['rollout/time_share']:.0f}%  tail "
+            f"{m['rollout/tail_s']:.2f}s  accept {acceptance}  SD-on "
+            f"{100 * m['spec/sd_step_share']:.0f}%{_sd_rows(m)}  drafter v{version}  gap "
+            f"{m['train/logprob_gap']:.1e}" + (f"  reward errors {errors}" if errors else ""))
 
 
 def _sd_rows(m: dict) -> str:
     """Where SD ran: at and below the largest speculative step's batch, of the peak batch."""
-    if m["sd_batch_max"] is None:
+    if m["spec/batch_max"] is None:
         return ""
-    return f" (at <= {m['sd_batch_max']} of {max(m['trace_running'])} rows)"
+    return f" (at <= {m['spec/batch_max']} of {max(m['trace_running'])} rows)"

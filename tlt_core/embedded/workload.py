@@ -7,8 +7,8 @@ Where the weights come from, the first that has them:
    (`train_default_weights`; provenance in `weights/PROVENANCE.json`; a slow test retrains them
    and compares);
 2. the user cache, $TLT_CACHE_DIR (default ~/.cache/tlt_core);
-3. trained now, with a line on stderr before it starts saying what and about how long, then
-   cached for later runs.
+3. trained now, with a log record (info) before it starts saying what and about how long,
+   then cached for later runs.
 A folder is named by a digest of the configs that produce it (`model_folder_name`,
 `drafter_folder_name`), so a changed config trains anew instead of loading weights it does not
 describe. A drafter's folder sits inside its target's.
@@ -19,9 +19,9 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import os
 import platform
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,6 +37,8 @@ from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems,
 from tlt_core.model.checkpoint import load_checkpoint, save_checkpoint
 from tlt_core.model.transformer import ModelConfig, Transformer
 from tlt_core.tasks.inputs import Prompt, TrainInputs
+
+logger = logging.getLogger(__name__)
 
 SHIPPED_ROOT = Path(__file__).resolve().parent / "weights"
 PROVENANCE_FILE = "PROVENANCE.json"
@@ -87,9 +89,9 @@ def load_pretrained(config: PretrainConfig = PretrainConfig(),
             report = PretrainReport(**json.loads((folder / PRETRAIN_REPORT).read_text()))
             return load_checkpoint(folder).eval(), report, folder
     folder = cache / name
-    print(f"embedded model: no weights for this pre-training config yet; pre-training it now "
-          f"({config.steps} steps, about {PRETRAIN_MINUTES} minutes on 2 CPU cores), cached in "
-          f"{folder} for later runs", file=sys.stderr, flush=True)
+    logger.info("embedded model: no weights for this pre-training config yet; pre-training it "
+                "now (%d steps, about %d minutes on 2 CPU cores), cached in %s for later runs",
+                config.steps, PRETRAIN_MINUTES, folder)
     model, losses, tokens_seen, seconds = pretrain(config, model_config, progress=progress)
     accuracy, entropy, lengths = evaluate(model, num_problems=eval_problems, task=config.task)
     tail = losses[-50:]
@@ -113,9 +115,9 @@ def load_drafter(target: Transformer, target_folder: Path,
             report = OfflineDrafterReport(**json.loads((folder / DRAFTER_REPORT).read_text()))
             return Drafter.load(folder, target).eval(), report, folder
     folder = cache / target_folder.name / name
-    print(f"embedded drafter: none trained for this config yet; training it now ({config.steps} "
-          f"steps on the model's own responses, about {DRAFTER_MINUTES} minutes on 2 CPU "
-          f"cores), cached in {folder} for later runs", file=sys.stderr, flush=True)
+    logger.info("embedded drafter: none trained for this config yet; training it now (%d steps "
+                "on the model's own responses, about %d minutes on 2 CPU cores), cached in %s "
+                "for later runs", config.steps, DRAFTER_MINUTES, folder)
     drafter, report = train_offline_drafter(target, config, progress=progress)
     drafter.save(folder, metadata={"offline_training": asdict(config)})
     (folder / DRAFTER_REPORT).write_text(json.dumps(asdict(report), indent=1) + "\n")

@@ -53,67 +53,80 @@ def _bucket_range(bucket: int) -> str:
     return f"{edges[bucket - 1]} to {edges[bucket] - 1}"
 
 
-# name: (unit, meaning)
+# name: (unit, meaning). The namespaces group the scalars as veRL's and TRL's dashboards do:
+# rollout/ (generation: timings, lengths, dynamic sampling), spec/ (speculative decoding),
+# drafter/ (the drafter's versions and training), train/ (rewards, losses, the update), eval/
+# (the held-out evaluation).
 METRICS: dict[str, tuple[str, str]] = {
-    "reward": ("reward", "mean reward of the step's samples"),
-    "reward_std": ("reward", "standard deviation of the step's rewards"),
-    "step_s": ("s", "wall time of the whole step: rollout, scoring, update, drafter refresh"),
-    "rollout_s": ("s", "the rollout: this rank's generation, then waiting (and spot-training "
-                       "the drafter) until every rank is done, then gathering the samples; "
-                       "the first step of a run also calibrates the adaptive loop "
-                       "(calibration_s)"),
-    "calibration_s": ("s", "the adaptive loop's calibration that ran for this step (the "
-                           "first of a run or a resume; 0 after), inside rollout_s and "
-                           "step_s"),
-    "train_s": ("s", "the policy update: PPO-clip epochs over the mini-batches"),
-    "rollout_share": ("fraction", "rollout_s / step_s"),
-    "tail_s": ("s", "rollout time spent with at most 25% of the rollout's peak running batch "
-                    "decoding (driver.TAIL_FRACTION): the long tail"),
-    "acceptance_length": ("tokens / step", "mean tokens a row emits per speculative step "
-                                           "(accepted draft tokens + 1); null when no step was "
-                                           "speculative"),
-    **{f"acceptance_length/{label}": (
-        "tokens / step", f"acceptance_length over the row-steps whose context (the row's tokens "
-                         f"in the target's cache when the step began: prompt + generated - 1) "
-                         f"was {_bucket_range(bucket)} tokens; null when none was")
+    "train/reward": ("reward", "mean reward of the step's samples"),
+    "train/reward_std": ("reward", "standard deviation of the step's rewards"),
+    "train/step_s": ("s", "wall time of the whole step: rollout, scoring, update, drafter "
+                          "refresh"),
+    "rollout/time_s": ("s", "the rollout: this rank's generation, then waiting (and spot-"
+                            "training the drafter) until every rank is done, then gathering "
+                            "the samples; the first step of a run also calibrates the adaptive "
+                            "loop (rollout/calibration_s)"),
+    "rollout/calibration_s": ("s", "the adaptive loop's calibration that ran for this step (the "
+                                   "first of a run or a resume; 0 after), inside rollout/time_s "
+                                   "and train/step_s"),
+    "train/update_s": ("s", "the policy update: PPO-clip epochs over the mini-batches"),
+    "rollout/time_share": ("fraction", "rollout/time_s / train/step_s"),
+    "rollout/tail_s": ("s", "rollout time spent with at most 25% of the rollout's peak running "
+                            "batch decoding (driver.TAIL_FRACTION): the long tail"),
+    "spec/acceptance_length": ("tokens / step", "mean tokens a row emits per speculative step "
+                                                "(accepted draft tokens + 1); null when no step "
+                                                "was speculative"),
+    **{f"spec/acceptance_length/{label}": (
+        "tokens / step", f"spec/acceptance_length over the row-steps whose context (the row's "
+                         f"tokens in the target's cache when the step began: prompt + generated "
+                         f"- 1) was {_bucket_range(bucket)} tokens; null when none was")
        for bucket, label in enumerate(POSITION_BUCKET_LABELS)},
-    "sd_on_share": ("fraction", "share of the rollout's decode steps that were speculative"),
-    "sd_batch_max": ("rows", "the largest running batch of a speculative step in this rank's "
-                             "rollout: SD is on at and below it, off above it when the "
-                             "adaptive loop switches by batch size; null when no step was "
-                             "speculative"),
-    "drafter_version": ("version", "drafter version after this step's refresh and watchdog "
+    "spec/sd_step_share": ("fraction", "share of the rollout's decode steps that were "
+                                       "speculative"),
+    "spec/batch_max": ("rows", "the largest running batch of a speculative step in this rank's "
+                               "rollout: SD is on at and below it, off above it when the "
+                               "adaptive loop switches by batch size; null when no step was "
+                               "speculative"),
+    "drafter/version": ("version", "drafter version after this step's refresh and watchdog "
                                    "verdict (0: the initial drafter; each refresh that trained "
                                    "publishes the next, a rollback returns to an older one); "
                                    "null without a drafter"),
-    "spot_steps": ("steps", "drafter training steps taken in this rank's idle tail"),
-    "response_length_mean": ("tokens", "mean generated tokens per sample, stop token included"),
-    "reward_errors": ("samples", "samples whose reward function raised or returned NaN (each "
-                                 "scored 0)"),
-    "truncated_fraction": ("fraction", "share of the step's samples cut at max_new_tokens "
-                                       "(mask_truncated_completions leaves them out of the "
-                                       "loss)"),
-    "groups_dropped": ("groups", "groups whose rewards were all equal, dropped by dynamic "
-                                 "sampling (0 without it)"),
-    "refill_rounds": ("rounds", "rollout rounds dynamic sampling added to refill the step's "
-                                "groups (0 without it)"),
-    "lr": ("learning rate", "the policy's learning rate in this step (the schedule's value)"),
-    "loss": ("nats / token", "clipped-surrogate policy loss as loss_agg_mode aggregates it "
-                             "(KL term excluded), mean over the step's mini-batches"),
-    "kl": ("nats / token", "the kl_estimator's estimate of KL(policy || reference) per "
-                           "response token, mean over the step's tokens; 0 when kl_coef is 0"),
-    "clip_fraction": ("fraction", "share of response tokens whose clipped PPO term was the "
-                                  "smaller one"),
-    "grad_norm": ("L2 norm", "largest gradient norm of the step's optimizer steps, before "
-                             "clipping"),
-    "value_loss": ("squared reward", "PPO's clipped value loss as loss_agg_mode aggregates "
-                                     "it, mean over the step's mini-batches; null with GRPO"),
-    "value_clip_fraction": ("fraction", "share of response tokens whose clipped value error "
-                                        "was the larger one; null with GRPO"),
-    "explained_variance": ("fraction", "1 - Var(returns - values) / Var(returns) over the "
-                                       "step's tokens, the critic before its update (1: "
-                                       "perfect, <= 0: no better than a constant); null with "
-                                       "GRPO or constant returns"),
+    "drafter/spot_steps": ("steps", "drafter training steps taken in this rank's idle tail"),
+    "rollout/response_length_mean": ("tokens", "mean generated tokens per sample, stop token "
+                                               "included"),
+    "train/reward_errors": ("samples", "samples whose reward function raised or returned NaN "
+                                       "(each scored 0)"),
+    "rollout/truncated_fraction": ("fraction", "share of the step's samples cut at "
+                                               "max_new_tokens (mask_truncated_completions "
+                                               "leaves them out of the loss)"),
+    "rollout/groups_dropped": ("groups", "groups whose rewards were all equal, dropped by "
+                                         "dynamic sampling (0 without it)"),
+    "rollout/refill_rounds": ("rounds", "rollout rounds dynamic sampling added to refill the "
+                                        "step's groups (0 without it)"),
+    "train/lr": ("learning rate", "the policy's learning rate in this step (the schedule's "
+                                  "value)"),
+    "train/loss": ("nats / token", "clipped-surrogate policy loss as loss_agg_mode aggregates "
+                                   "it (KL term excluded), mean over the step's mini-batches"),
+    "train/kl": ("nats / token", "the kl_estimator's estimate of KL(policy || reference) per "
+                                 "response token, mean over the step's tokens; 0 when kl_coef "
+                                 "is 0"),
+    "train/clip_fraction": ("fraction", "share of response tokens whose clipped PPO term was "
+                                        "the smaller one"),
+    "train/grad_norm": ("L2 norm", "largest gradient norm of the step's optimizer steps, "
+                                   "before clipping"),
+    "train/value_loss": ("squared reward", "PPO's clipped value loss as loss_agg_mode "
+                                           "aggregates it, mean over the step's mini-batches; "
+                                           "null with GRPO"),
+    "train/value_clip_fraction": ("fraction", "share of response tokens whose clipped value "
+                                              "error was the larger one; null with GRPO"),
+    "train/explained_variance": ("fraction", "1 - Var(returns - values) / Var(returns) over "
+                                             "the step's tokens, the critic before its update "
+                                             "(1: perfect, <= 0: no better than a constant); "
+                                             "null with GRPO or constant returns"),
+    "train/logprob_gap": ("nats", "largest |recomputed - rollout| log-prob over the first "
+                                  "mini-batch's tokens, before any update; ~0 because "
+                                  "speculative decoding is lossless (a silent SD bug shows "
+                                  "here)"),
     "eval/reward": ("reward", "mean reward of the held-out prompts' samples, the policy after "
                               "this step's update; null in steps without an evaluation"),
     **{f"eval/pass@{k}": ("fraction", f"pass@{k} on the held-out prompts (unbiased estimator "
@@ -121,10 +134,8 @@ METRICS: dict[str, tuple[str, str]] = {
                                       f"pass_threshold); null without an evaluation or when "
                                       f"eval_samples < {k}")
        for k in PASS_AT_K},
-    "eval_s": ("s", "wall time of the evaluation (not part of step_s); null without one"),
-    "logprob_gap": ("nats", "largest |recomputed - rollout| log-prob over the first "
-                            "mini-batch's tokens, before any update; ~0 because speculative "
-                            "decoding is lossless (a silent SD bug shows here)"),
+    "eval/time_s": ("s", "wall time of the evaluation (not part of train/step_s); null without "
+                         "one"),
 }
 
 # name: what it is, and why it is not a TensorBoard (or wandb) scalar

@@ -15,18 +15,20 @@ from pathlib import Path
 def summarize(history: list[dict]) -> dict:
     if not history:
         return {}
-    time_total = sum(m["step_s"] for m in history)
-    acceptance = [m["acceptance_length"] for m in history if m.get("acceptance_length")]
+    time_total = sum(m["train/step_s"] for m in history)
+    acceptance = [m["spec/acceptance_length"] for m in history
+                  if m.get("spec/acceptance_length")]
     return {"steps": len(history), "time_s": time_total,
             "mean_step_s": time_total / len(history),
-            "rollout_s": sum(m["rollout_s"] for m in history),
-            "train_s": sum(m["train_s"] for m in history),
-            "tail_s": sum(m["tail_s"] for m in history),
-            "reward_first": history[0]["reward"], "reward_last": history[-1]["reward"],
-            "reward_mean": statistics.mean(m["reward"] for m in history),
+            "rollout_s": sum(m["rollout/time_s"] for m in history),
+            "update_s": sum(m["train/update_s"] for m in history),
+            "tail_s": sum(m["rollout/tail_s"] for m in history),
+            "reward_first": history[0]["train/reward"],
+            "reward_last": history[-1]["train/reward"],
+            "reward_mean": statistics.mean(m["train/reward"] for m in history),
             "acceptance_length": statistics.mean(acceptance) if acceptance else None,
-            "sd_on_share": statistics.mean(m["sd_on_share"] for m in history),
-            "max_logprob_gap": max(m["logprob_gap"] for m in history),
+            "sd_step_share": statistics.mean(m["spec/sd_step_share"] for m in history),
+            "max_logprob_gap": max(m["train/logprob_gap"] for m in history),
             **_last_evaluation(history)}
 
 
@@ -68,8 +70,9 @@ def _markdown(runs: dict[str, list[dict]], figures: list[tuple[str, str]]) -> li
     """report.md's lines: the runs' summaries side by side, the speedup, then the plots."""
     lines = ["# tlt train report", ""]
     summaries = {name: summarize(history) for name, history in runs.items()}
-    keys = ["steps", "time_s", "mean_step_s", "rollout_s", "train_s", "tail_s", "reward_first",
-            "reward_last", "reward_mean", "acceptance_length", "sd_on_share", "max_logprob_gap"]
+    keys = ["steps", "time_s", "mean_step_s", "rollout_s", "update_s", "tail_s", "reward_first",
+            "reward_last", "reward_mean", "acceptance_length", "sd_step_share",
+            "max_logprob_gap"]
     keys += sorted({key for s in summaries.values() for key in s if key.startswith("eval_")})
     lines.append("| metric | " + " | ".join(summaries) + " |")
     lines.append("|---|" + "---:|" * len(summaries))
@@ -90,7 +93,7 @@ def _markdown(runs: dict[str, list[dict]], figures: list[tuple[str, str]]) -> li
 def _plot_reward(plt, runs: dict[str, list[dict]]):
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, history in runs.items():
-        ax.plot([m["step"] for m in history], [m["reward"] for m in history], marker="o",
+        ax.plot([m["step"] for m in history], [m["train/reward"] for m in history], marker="o",
                 label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
@@ -127,9 +130,9 @@ def _plot_step_time(plt, runs: dict[str, list[dict]]):
                              sharey=True)
     for ax, (name, history) in zip(axes[0], runs.items()):
         steps = [m["step"] for m in history]
-        rollout = [m["rollout_s"] for m in history]
+        rollout = [m["rollout/time_s"] for m in history]
         ax.bar(steps, rollout, label="rollout")
-        ax.bar(steps, [m["train_s"] for m in history], bottom=rollout, label="train")
+        ax.bar(steps, [m["train/update_s"] for m in history], bottom=rollout, label="update")
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.set_ylabel("seconds")
@@ -174,10 +177,11 @@ def _plot_sd_by_batch(plt, runs: dict[str, list[dict]]):
 
 def _plot_acceptance(plt, runs: dict[str, list[dict]]):
     tlt = runs.get("tlt", [])
-    if not any(m.get("acceptance_length") for m in tlt):
+    if not any(m.get("spec/acceptance_length") for m in tlt):
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([m["step"] for m in tlt], [m["acceptance_length"] or 0 for m in tlt], marker="o")
+    ax.plot([m["step"] for m in tlt], [m["spec/acceptance_length"] or 0 for m in tlt],
+            marker="o")
     ax.set_xlabel("step")
     ax.set_ylabel("tokens per speculative step")
     return fig

@@ -1,15 +1,16 @@
 """An advisory lock on a folder: one process at a time writes into it.
 
-`folder_lock(folder, wait=...)` holds an exclusive `fcntl.flock` on the lock file `LOCK_FILE`
-inside the folder (creating both) for the duration of a with-block, and records the holder's
-pid in the file. Without waiting, a folder another holder has raises `FolderLockedError` at
-once, naming the folder and that pid; with wait=True the call blocks until the holder lets go,
-after telling `on_wait` the holder's pid (so that a caller can say why it is not moving).
+`folder_lock(folder, wait=...)` holds the `filelock` lock on the file `LOCK_FILE` inside the
+folder (creating both) for the duration of a with-block, and records the holder's pid in the
+file. Without waiting, a folder another holder has raises `FolderLockedError` at once, naming
+the folder and that pid; with wait=True the call blocks until the holder lets go, after telling
+`on_wait` the holder's pid (so that a caller can say why it is not moving).
 
-The kernel releases a flock when its file is closed, which happens when the process exits or is
-killed, so a lock never outlives its holder and no stale lock needs clearing by hand. The lock
-file itself is left in place: deleting it would let a newcomer lock a fresh file while someone
-still holds the old one. A flock belongs to an open file, not to a process, so two holders in
+filelock's native lock is a `flock`: the kernel releases it when its file is closed, which
+happens when the process exits or is killed, so a lock never outlives its holder and no stale
+lock needs clearing by hand. The lock file is kept on release (`preserve_lock_file`), so the
+last holder's pid stays readable and a folder holds the same file whoever locked it last. A
+flock belongs to an open file, not to a process, and each call opens its own, so two holders in
 one process (threads) exclude each other as processes do. The lock is advisory: it keeps out
 the writers that take it, nothing else.
 """
@@ -17,10 +18,11 @@ the writers that take it, nothing else.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 LOCK_FILE = ".tlt.lock"
 
@@ -41,24 +43,31 @@ def folder_lock(folder: str | Path, *, wait: bool,
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = FileLock(path, mode=0o644, preserve_lock_file=True, on_acquired=_record_pid)
     try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                raise FolderLockedError(folder, _holder(descriptor)) from None
-            if on_wait is not None:
-                on_wait(_holder(descriptor))
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        lock.acquire(blocking=False)
+    except Timeout:
+        if not wait:
+            raise FolderLockedError(folder, _holder(path)) from None
+        if on_wait is not None:
+            on_wait(_holder(path))
+        lock.acquire()
+    try:
         yield path
     finally:
-        os.close(descriptor)  # releases the flock
+        lock.release()
 
 
-def _holder(descriptor: int) -> int | None:
+def _record_pid(descriptor: int) -> None:
+    """filelock's on_acquired: the holder's pid, in the lock file it now holds."""
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+
+
+def _holder(path: Path) -> int | None:
     """The pid the holder wrote; None while it has not yet (it writes right after locking)."""
-    text = os.pread(descriptor, 32, 0).decode("ascii", errors="replace").strip()
+    try:
+        text = path.read_text(encoding="ascii", errors="replace").strip()
+    except FileNotFoundError:
+        return None
     return int(text) if text.isdigit() else None

@@ -25,7 +25,7 @@ One step:
    gradients accumulate; a rank with fewer of them than another (or none) runs zero-gradient
    passes first, so every rank makes the same DDP calls. `mask_truncated_completions` leaves the responses cut at
    `max_new_tokens` out of both losses. The first mini-batch's log-probs, before any update,
-   are compared with the rollout's: `logprob_gap` (~0 in float32; SD is lossless).
+   are compared with the rollout's: `train/logprob_gap` (~0 in float32; SD is lossless).
 4. The engine reads the policy's weights directly (its packed copy is rebuilt when they change),
    the drafter replicas are refreshed (step-weighted average) and the watchdog judges them
    (a rollback it asks for is loaded here).
@@ -50,9 +50,9 @@ step (refills continue the count) and sample the group's samples. Each training 
 decodes to exactly that many tokens, its stop ids dropped, as vLLM's benchmarks fix an output
 length. The step rolls out one request per sample, siblings kept together on one rank, and
 numbers the records back to (prompt, sample), so groups, rewards and advantages are computed as
-without it. Every such sample ends for its length (finish reason "length", so truncated_fraction
-counts it), which is why mask_truncated_completions is refused with forced lengths. Held-out
-evaluation keeps the model's own lengths.
+without it. Every such sample ends for its length (finish reason "length", so
+rollout/truncated_fraction counts it), which is why mask_truncated_completions is refused with
+forced lengths. Held-out evaluation keeps the model's own lengths.
 
 Determinism: sampling seeds come from (seed, step, prompt), so with SD off (or a fixed plan) a
 resumed run repeats an uninterrupted one exactly; with the adaptive loop the plan choices depend
@@ -243,37 +243,38 @@ class RLDriver:
         trace_time, trace_running, trace_speculative = _joined_traces(batch.rounds)
         scores = torch.tensor(batch.all_scores)
         metrics = {
-            "step": step, "reward": float(scores.mean()),
-            "reward_std": float(scores.std(unbiased=False)),
-            "step_s": step_s, "rollout_s": rollout_s, "train_s": train_s,
-            "calibration_s": calibration_s,
-            "rollout_share": rollout_s / step_s,
-            "tail_s": sum(seconds_at_or_below(r.trace_time_s, r.trace_running,
+            "step": step, "train/reward": float(scores.mean()),
+            "train/reward_std": float(scores.std(unbiased=False)),
+            "train/step_s": step_s, "rollout/time_s": rollout_s, "train/update_s": train_s,
+            "rollout/calibration_s": calibration_s,
+            "rollout/time_share": rollout_s / step_s,
+            "rollout/tail_s": sum(seconds_at_or_below(r.trace_time_s, r.trace_running,
                                               TAIL_FRACTION * max(r.trace_running, default=0))
                           for r in batch.rounds),
-            "acceptance_length": acceptance,
-            **{f"acceptance_length/{label}": _token_weighted(
+            "spec/acceptance_length": acceptance,
+            **{f"spec/acceptance_length/{label}": _token_weighted(
                 batch.rounds, lambda r, label=label: r.acceptance_by_position.get(label))
                for label in batch.rounds[0].acceptance_by_position},
-            "sd_on_share": _token_weighted(batch.rounds, lambda r: r.sd_on_share) or 0.0,
-            "drafter_version": self.watchdog.version if self.watchdog else None,
-            "drafter_event": drafter_event, "spot_steps": spot_steps,
-            "response_length_mean": sum(batch.all_lengths) / len(batch.all_lengths),
+            "spec/sd_step_share": _token_weighted(batch.rounds, lambda r: r.sd_on_share) or 0.0,
+            "drafter/version": self.watchdog.version if self.watchdog else None,
+            "drafter_event": drafter_event, "drafter/spot_steps": spot_steps,
+            "rollout/response_length_mean": sum(batch.all_lengths) / len(batch.all_lengths),
             "response_lengths": batch.all_lengths,
-            "truncated_fraction": batch.truncated / len(batch.all_lengths),
-            "groups_dropped": batch.groups_dropped, "refill_rounds": len(batch.rounds) - 1,
-            "reward_errors": batch.reward_errors,
+            "rollout/truncated_fraction": batch.truncated / len(batch.all_lengths),
+            "rollout/groups_dropped": batch.groups_dropped,
+            "rollout/refill_rounds": len(batch.rounds) - 1,
+            "train/reward_errors": batch.reward_errors,
             "first_reward_error": batch.first_reward_error,
             "trace_time_s": trace_time, "trace_running": trace_running,
             "trace_speculative": trace_speculative,
             "step_trace": [{"round": number, **row} for number, r in enumerate(batch.rounds)
                            for row in step_trace_rows(r.step_trace)],
-            "sd_batch_max": max((b for b, sd in zip(trace_running, trace_speculative) if sd),
+            "spec/batch_max": max((b for b, sd in zip(trace_running, trace_speculative) if sd),
                                 default=None),
-            "lr": config.lr * lr_scale, **losses}
+            "train/lr": config.lr * lr_scale, **losses}
         evaluate = config.eval_every and (step + 1) % config.eval_every == 0
         metrics.update(self.evaluate() if evaluate else
-                       dict.fromkeys(["eval_s", "eval/reward",
+                       dict.fromkeys(["eval/time_s", "eval/reward",
                                       *(f"eval/pass@{k}" for k in PASS_AT_K)]))
         self.state.history.append(metrics)
         self.state.step += 1
@@ -473,19 +474,20 @@ class RLDriver:
         config, tokens = self.config, totals.tokens
         kl_in_loss = self.reference is not None and config.kl_placement == "loss"
         trained = len(totals.policy_losses)
-        out = {"loss": sum(totals.policy_losses) / trained if trained else 0.0,
-               "kl": totals.kl_sum / tokens if tokens and kl_in_loss else 0.0,
-               "clip_fraction": totals.clipped_tokens / tokens if tokens else 0.0,
-               "grad_norm": max(totals.grad_norms, default=0.0),
-               "logprob_gap": max(totals.logprob_gaps, default=0.0)}
+        out = {"train/loss": sum(totals.policy_losses) / trained if trained else 0.0,
+               "train/kl": totals.kl_sum / tokens if tokens and kl_in_loss else 0.0,
+               "train/clip_fraction": totals.clipped_tokens / tokens if tokens else 0.0,
+               "train/grad_norm": max(totals.grad_norms, default=0.0),
+               "train/logprob_gap": max(totals.logprob_gaps, default=0.0),
+               "train/value_loss": None, "train/value_clip_fraction": None,
+               "train/explained_variance": None}
         if self.critic is not None:
-            out.update(value_loss=sum(totals.value_losses) / trained if trained else 0.0,
-                       value_clip_fraction=(totals.value_clipped_tokens / tokens
-                                            if tokens else 0.0), **value_stats)
-        else:
-            out.update(value_loss=None, value_clip_fraction=None, explained_variance=None)
+            out["train/value_loss"] = sum(totals.value_losses) / trained if trained else 0.0
+            out["train/value_clip_fraction"] = (totals.value_clipped_tokens / tokens
+                                                if tokens else 0.0)
+            out["train/explained_variance"] = value_stats.get("explained_variance")
         if self.reference is not None and config.kl_placement == "reward":
-            out["kl"] = value_stats.get("kl_in_reward", 0.0)
+            out["train/kl"] = value_stats.get("kl_in_reward", 0.0)
         return out
 
     def _zero_gradient_pass(self, rollouts, row: int, device) -> None:
@@ -585,7 +587,7 @@ class RLDriver:
     def evaluate(self) -> dict:
         """The held-out prompts, `eval_samples` samples each, rolled out by the engine as the
         training rollouts are (SD on when TLT is) and scored: eval/reward, eval/pass@k (k up to
-        eval_samples) and eval_s. The samples' seeds are the same at every evaluation, so two
+        eval_samples) and eval/time_s. The samples' seeds are the same at every evaluation, so two
         evaluations differ by the policy only."""
         config, start = self.config, time.perf_counter()
         self.policy.eval()
@@ -599,7 +601,7 @@ class RLDriver:
         for rollout, score in zip(rollouts, scored):
             groups[rollout.request_index].append(score.reward)
         return {**evaluation_metrics(groups, config.pass_threshold),
-                "eval_s": time.perf_counter() - start}
+                "eval/time_s": time.perf_counter() - start}
 
     # ---- inputs --------------------------------------------------------------------------
 
@@ -733,10 +735,11 @@ def _model_config(policy: torch.nn.Module) -> dict | None:
 
 def _no_update(critic: bool) -> dict:
     """The loss metrics of a step that kept no rollout to train on."""
-    out = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "logprob_gap": 0.0,
-           "value_loss": None, "value_clip_fraction": None, "explained_variance": None}
+    out = {"train/loss": 0.0, "train/kl": 0.0, "train/clip_fraction": 0.0,
+           "train/grad_norm": 0.0, "train/logprob_gap": 0.0, "train/value_loss": None,
+           "train/value_clip_fraction": None, "train/explained_variance": None}
     if critic:
-        out.update(value_loss=0.0, value_clip_fraction=0.0)
+        out.update({"train/value_loss": 0.0, "train/value_clip_fraction": 0.0})
     return out
 
 

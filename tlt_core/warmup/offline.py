@@ -18,17 +18,18 @@ measured on held-out prompts the training never saw, at T = 0 and T = 1
 One process at a time: a call holds `work/`'s lock (tlt_core.persistence.folder_lock)
 throughout, so a second call with the same --out waits for the first (saying so), then reuses
 what it wrote instead of generating and training a second time. Every entry of the work folder
-is written atomically, and one that does not read back is reported through `log` and built
-again.
+is written atomically, and one that does not read back is logged (a warning) and built
+again. Progress is logged to the `tlt_core.warmup` loggers (and shown by tqdm when `progress`).
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -43,6 +44,8 @@ from tlt_core.warmup.draft_vocabulary import coverage, draft_vocabulary
 from tlt_core.warmup.responses import target_responses
 from tlt_core.warmup.training_loop import float32_twin, train_drafter
 from tlt_core.warmup.work_folder import RESPONSES_DIR, TRAIN_DIR, WORK_DIR, claim_work_folder
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,7 @@ class OfflineReport:
 
 def train_offline(target: Transformer, prompts: Sequence[Sequence[int]], out: str | Path,
                   config: OfflineConfig = OfflineConfig(), *, stop_ids: Sequence[int] = (),
-                  metadata: dict | None = None, progress: bool = True,
-                  log: Callable[[str], None] = print) -> OfflineReport:
+                  metadata: dict | None = None, progress: bool = True) -> OfflineReport:
     """Trains a drafter for `target` on its own responses to `prompts` (token ids, already in
     the prompt format the RL run uses) and saves it to `out` (Drafter.save), resuming from
     `out/work/` what an earlier call with the same arguments finished. metadata: provenance to
@@ -81,28 +83,27 @@ def train_offline(target: Transformer, prompts: Sequence[Sequence[int]], out: st
     work = folder / WORK_DIR
 
     def waiting(pid: int | None) -> None:
-        log(f"out: {work} is in use by another process (pid {pid}); waiting for it to finish, "
-            "then reusing what it wrote")
+        logger.info("out: %s is in use by another process (pid %s); waiting for it to finish, "
+                    "then reusing what it wrote", work, pid)
 
     with folder_lock(work, wait=True, on_wait=waiting):
         return _train_offline_holding(target, prompts, folder, config, tuple(stop_ids),
-                                      metadata, progress, log)
+                                      metadata, progress)
 
 
 def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], folder: Path,
                            config: OfflineConfig, stop_ids: tuple[int, ...],
-                           metadata: dict | None, progress: bool,
-                           log: Callable[[str], None]) -> OfflineReport:
+                           metadata: dict | None, progress: bool) -> OfflineReport:
     """train_offline's phases, while holding the work folder's lock."""
     work = folder / WORK_DIR
     train_prompts, held_out = prompts[:-config.held_out], prompts[-config.held_out:]
     weights_sha256 = target_sha256(target)
-    claim_work_folder(work, config, prompts, weights_sha256, log)
+    claim_work_folder(work, config, prompts, weights_sha256)
     seconds = {}
 
     start = time.perf_counter()
     records, prompt_lengths = target_responses(target, train_prompts, work / RESPONSES_DIR,
-                                               config, stop_ids, progress, log)
+                                               config, stop_ids, progress)
     seconds["responses"] = time.perf_counter() - start
     response_tokens = sum(int(r.tokens.shape[0]) - p for r, p in zip(records, prompt_lengths))
 
@@ -110,7 +111,8 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
                            target.config.vocab_size)
     if ids is not None:
         covered = coverage(records, prompt_lengths, ids)
-        log(f"draft vocabulary: {ids.numel()} ids cover {covered:.1%} of the response tokens")
+        logger.info("draft vocabulary: %d ids cover %.1f%% of the response tokens",
+                    ids.numel(), 100 * covered)
 
     start = time.perf_counter()
     trainer_target = float32_twin(target)
@@ -120,7 +122,7 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
         torch.manual_seed(config.seed)
         drafter = Drafter(trainer_target, drafter_config, ids)
     history = train_drafter(drafter, records, prompt_lengths, work / TRAIN_DIR, config,
-                            progress, log)
+                            progress)
     seconds["training"] = time.perf_counter() - start
     del trainer_target
 

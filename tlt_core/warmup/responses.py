@@ -6,16 +6,16 @@ max_tokens, stop ids) in the rollout engine, and a HarvestBuffer keeps the hidde
 very passes that generated them: no second target pass (tlt_core.workers.harvest). Each chunk
 of `rollout_batch` rows is a shard `work/responses/shard-NNNNN/`, a checkpoint_io folder
 (tokens and features concatenated, with lengths and prompt lengths); a resumed run reads the
-shards it has, and a shard that does not read back as what `write_shard` writes is reported
-through `log`, deleted and generated again.
+shards it has, and a shard that does not read back as what `write_shard` writes is logged (a
+warning), deleted and generated again.
 
 Shapes: T positions of a sequence, F feature layers, H hidden size.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -30,11 +30,13 @@ from tlt_core.warmup.config import OfflineConfig
 from tlt_core.warmup.work_folder import discard
 from tlt_core.workers.harvest import HarvestBuffer
 
+logger = logging.getLogger(__name__)
+
 
 @torch.no_grad()
 def target_responses(target: Transformer, prompts: list[tuple[int, ...]], directory: Path,
-                     config: OfflineConfig, stop_ids: tuple[int, ...], progress: bool,
-                     log: Callable[[str], None]) -> tuple[list[DraftRecord], list[int]]:
+                     config: OfflineConfig, stop_ids: tuple[int, ...], progress: bool
+                     ) -> tuple[list[DraftRecord], list[int]]:
     """Every training prompt's responses as DraftRecords (prompt and response positions) and
     each record's prompt length, from the shards on disk or generated now."""
     harvest_drafter = Drafter(target, DrafterConfig(config.feature_layers, config.form))
@@ -50,7 +52,7 @@ def target_responses(target: Transformer, prompts: list[tuple[int, ...]], direct
     for index, first in enumerate(shards):
         shard = directory / f"shard-{index:05d}"
         batch = prompts[first:first + chunk]
-        read = _read_shard_or_discard(shard, config, hidden_size, log) if shard.exists() else None
+        read = _read_shard_or_discard(shard, config, hidden_size) if shard.exists() else None
         if read is None:
             harvest = HarvestBuffer(max_bytes=1 << 62, min_length=2)  # this shard's, whole
             if engine is None:
@@ -71,7 +73,7 @@ def target_responses(target: Transformer, prompts: list[tuple[int, ...]], direct
         bar.set_postfix(sequences=len(records))
     bar.close()
     if engine is None:
-        log(f"responses: read {len(records)} sequences from {directory}")
+        logger.info("responses: read %d sequences from %s", len(records), directory)
     return records, prompt_lengths
 
 
@@ -138,13 +140,12 @@ def read_shard(folder: Path, config: OfflineConfig, *, hidden_size: int | None =
     return records, starts.tolist()
 
 
-def _read_shard_or_discard(folder: Path, config: OfflineConfig, hidden_size: int,
-                           log: Callable[[str], None]
+def _read_shard_or_discard(folder: Path, config: OfflineConfig, hidden_size: int
                            ) -> tuple[list[DraftRecord], list[int]] | None:
-    """read_shard's result, or None after deleting a damaged shard (reported through log)."""
+    """read_shard's result, or None after deleting a damaged shard (a logged warning)."""
     try:
         return read_shard(folder, config, hidden_size=hidden_size)
     except (FileNotFoundError, ValueError) as error:
-        log(f"responses: {error}; generating {folder.name} again")
+        logger.warning("responses: %s; generating %s again", error, folder.name)
         discard(folder)
         return None

@@ -18,6 +18,7 @@ in, so that AdamW's small updates are not rounded away.
 from __future__ import annotations
 
 import functools
+import logging
 import random
 from pathlib import Path
 from typing import Callable, Iterator
@@ -33,6 +34,8 @@ from tlt_core.optim.schedule import learning_rate
 from tlt_core.persistence.checkpoint_io import read_state, step_folders, write_checkpoint
 from tlt_core.warmup.config import OfflineConfig
 from tlt_core.warmup.work_folder import discard
+
+logger = logging.getLogger(__name__)
 
 
 def float32_twin(target: Transformer) -> Transformer:
@@ -78,12 +81,11 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
 
 
 def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: list[int],
-                  directory: Path, config: OfflineConfig, progress: bool,
-                  log: Callable[[str], None]) -> list[dict]:
+                  directory: Path, config: OfflineConfig, progress: bool) -> list[dict]:
     """AdamW steps on the EAGLE loss unrolled over config.unroll drafting steps, over response
     positions; resumes from the newest step checkpoint in `directory` that reads back (a damaged
     one is reported and deleted). Returns every step's metrics (resumed steps' included)."""
-    optimizer, step, history = _resume(drafter, directory, config, log)
+    optimizer, step, history = _resume(drafter, directory, config)
     device = drafter.fc.weight.device
     batches = (_float_batch(batch, device)
                for batch in _epoch_batches(records, prompt_lengths, config, step))
@@ -101,8 +103,8 @@ def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: 
                        progress=progress, unroll=config.unroll)
 
 
-def _resume(drafter: Drafter, directory: Path, config: OfflineConfig,
-            log: Callable[[str], None]) -> tuple[torch.optim.Optimizer, int, list[dict]]:
+def _resume(drafter: Drafter, directory: Path, config: OfflineConfig
+            ) -> tuple[torch.optim.Optimizer, int, list[dict]]:
     """(the optimizer, steps done, their history) from the newest step checkpoint in
     `directory` that reads back, loaded into `drafter`; the fresh ones when there is none."""
     initial = {name: tensor.detach().clone() for name, tensor in drafter.state_dict().items()}
@@ -118,8 +120,8 @@ def _resume(drafter: Drafter, directory: Path, config: OfflineConfig,
                 raise ValueError(f"out: {folder}: its drafter or optimizer state does not fit "
                                  f"this drafter ({str(error).splitlines()[0]})") from None
         except (FileNotFoundError, ValueError) as error:
-            log(f"training: {error}; deleting {folder} and resuming from the checkpoint "
-                "before it, or from the start")
+            logger.warning("training: %s; deleting %s and resuming from the checkpoint before "
+                           "it, or from the start", error, folder)
             discard(folder)
             drafter.load_state_dict(initial)  # a failed load may have copied part of it
             optimizer = make_optimizer(drafter, config.lr)

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 from tlt_core.persistence.checkpoint_io import atomic_file
 from tlt_core.warmup.config import OfflineConfig
+
+logger = logging.getLogger(__name__)
 
 WORK_DIR, RESPONSES_DIR, TRAIN_DIR = "work", "responses", "train"
 WORK_RECORD = "run.json"  # the settings and prompts a work folder belongs to
@@ -30,7 +32,7 @@ IMPLIED_SETTINGS = {"unroll": 1}
 
 
 def claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int, ...]],
-                      weights_sha256: str, log: Callable[[str], None]) -> None:
+                      weights_sha256: str) -> None:
     """Records what this run's work folder holds (the settings, the prompts' hash and the
     target's), or checks that an earlier run's matches: resuming with other settings, or for
     another target, would mix two runs' data.
@@ -53,8 +55,9 @@ def claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int
         return
     stale = [work / name for name in (RESPONSES_DIR, TRAIN_DIR) if (work / name).exists()]
     if path.exists() or stale:
-        log(f"out: {path} {problem}, so nothing vouches for the settings of "
-            f"{', '.join(str(s) for s in stale) or 'the work folder'}; starting it afresh")
+        logger.warning("out: %s %s, so nothing vouches for the settings of %s; starting it "
+                       "afresh", path, problem,
+                       ", ".join(str(s) for s in stale) or "the work folder")
         for entry in stale:
             shutil.rmtree(entry)
     with atomic_file(path) as temporary:

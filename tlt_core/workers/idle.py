@@ -16,14 +16,16 @@ update that follow it are made under one lock, keeping observation times non-dec
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-import warnings
 from typing import Callable
 
 import torch
 
 from tlt_core import _C
+
+logger = logging.getLogger(__name__)
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 _warned: set[str] = set()  # NVML problems already reported in this process
@@ -46,8 +48,9 @@ class IdleDetector:
         self._lock = threading.Lock()  # the state machine and the clock read that feeds it
         if not self._probe.available and self._probe.error not in _warned:
             _warned.add(self._probe.error)
-            warnings.warn(f"idle detector: NVML unavailable ({self._probe.error}); deciding on "
-                          "the engine's signal alone", RuntimeWarning, stacklevel=2)
+            # a logged warning, not warnings.warn: the machine, not the caller, lacks NVML
+            logger.warning("idle detector: NVML unavailable (%s); deciding on the engine's "
+                           "signal alone", self._probe.error)
         if device_index is None:
             device_index = self._nvml_index(device) if self._probe.available else 0
         self.device_index = device_index
