@@ -29,7 +29,7 @@ What it proves (asserted; a failure exits non-zero):
    completions are off by far more than the tolerance (printed as the "stale gap"): the
    agreement in 1 could not hold with unsynced weights.
 3. The run works end to end: `--steps` GRPO steps, TRL's metrics logged with ours
-   (`tlt/acceptance_length`, `tlt/sampling_logp_difference/max`, ...).
+   (`spec/acceptance_length`, `rollout/sampling_logp_difference/max`, ...).
 
 The tiny model's reward is a toy (the share of digits in the completion): a random model never
 solves the task, and GRPO with all-equal rewards has zero advantages, so the weights would not
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
                               peft_config=_lora_config() if args.lora else None)
         trainer.remove_callback(PrinterCallback)  # TRL's raw log dicts; a summary follows
         trainer.train()
-    logs = [h for h in trainer.state.log_history if "tlt/sampling_logp_difference/max" in h]
+    logs = [h for h in trainer.state.log_history if "rollout/sampling_logp_difference/max" in h]
 
     # 1. log-probs agree with TRL's recomputation, every call (at the same precision)
     for k, call in enumerate(rollout.calls):
@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
     for entry in logs:
         print(f"  TRL log, step {entry.get('step', '?')}: "
               f"reward {entry.get('reward', float('nan')):.3f}, "
-              f"tlt/sampling_logp_difference/max {entry['tlt/sampling_logp_difference/max']:.2e}, "
-              f"tlt/acceptance_length {entry.get('tlt/acceptance_length', float('nan')):.2f}")
+              f"rollout/sampling_logp_difference/max {entry['rollout/sampling_logp_difference/max']:.2e}, "
+              f"spec/acceptance_length {entry.get('spec/acceptance_length', float('nan')):.2f}")
     return {"calls": rollout.calls, "stale_gaps": stale_gaps, "logs": logs}
 
 

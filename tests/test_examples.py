@@ -63,7 +63,7 @@ def test_trl_grpo_with_tlt_rollout_logprobs_agree_and_weights_sync():
     assert all(c.logprob_gap_max < module.TOLERANCE for c in calls)
     assert all(gap > 10 * module.TOLERANCE for gap in result["stale_gaps"])
     assert all(c.sd_steps == c.decode_steps > 0 for c in calls)  # every step speculative
-    assert result["logs"] and "tlt/acceptance_length" in result["logs"][0]
+    assert result["logs"] and "spec/acceptance_length" in result["logs"][0]
 
 
 # ---- TLTRollout's contract with a stand-in for TRL's trainer ----------------------------------
@@ -135,7 +135,7 @@ def test_tlt_rollout_returns_one_completion_per_prompt_and_syncs_weights_on_step
     assert rollout.calls[-1].weights_step == 1
     assert torch.equal(rollout.target.model.embed_tokens.weight,
                        trainer.model.model.embed_tokens.weight)
-    assert any(name == "tlt/rollout_seconds" for name, _ in trainer.logged)
+    assert any(name == "rollout/time_s" for name, _ in trainer.logged)
 
     # greedy rows are reproducible and SD does not change them
     greedy = StandInTrainer(trainer.model, temperature=0.0)
@@ -149,7 +149,7 @@ def test_tlt_rollout_returns_one_completion_per_prompt_and_syncs_weights_on_step
     # acceptance by context position: the short responses all fall in the first bucket
     call = speculative.calls[-1]
     assert call.acceptance_by_position["0-256"] == pytest.approx(call.acceptance_length)
-    assert ("tlt/acceptance_length/0-256", call.acceptance_length) in greedy.logged
+    assert ("spec/acceptance_length/0-256", call.acceptance_length) in greedy.logged
     assert not any(name.endswith("1k+") for name, _ in greedy.logged)  # no row got there
 
 

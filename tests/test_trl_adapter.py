@@ -202,7 +202,7 @@ def test_use_tlt_in_grpo_config_makes_the_engine_trls_generator(trl_trainer_modu
     trainer.train()
     [call] = trainer.tlt_rollout.calls
     assert call.samples == 4 and call.logprob_gap_max < TOLERANCE
-    assert any("tlt/rollout_seconds" in entry for entry in trainer.state.log_history)
+    assert any("rollout/time_s" in entry for entry in trainer.state.log_history)
 
     with pytest.raises(ValueError, match="rollout_func"):
         trl_trainer_module.TLTGRPOTrainer(model=example._hf_model(example.tiny_target(0)),

@@ -26,7 +26,7 @@ the reward functions; `TLTRollout` adds none.
    plan, a PlanPolicy or function of the batch size, or "adaptive" (AdaptivePolicy calibrated
    on the engine at first use).
 5. Returns the rollouts' prompt ids, tokens and target log-probs; records a `RolloutCall` in
-   `calls` and, where TRL offers it, logs `tlt/*` metrics next to TRL's own.
+   `calls` and, where TRL offers it, logs `rollout/*` and `spec/*` metrics next to TRL's own.
 
 Precision: the engine's log-probs are its target's dtype (float32 when built from the trainer's
 model); TRL recomputes them under `accelerator.autocast()`, in bf16 with GRPOConfig's default
@@ -38,7 +38,7 @@ mask (`off_policy_mask_threshold`); its importance-sampling correction and its
 and drive vLLM itself, so they cannot be turned on for another generator. `check_logprobs=True`
 computes the same difference here: it runs TRL's own recomputation
 (`trainer._get_per_token_logps_and_entropies`, the function that gives TRL's
-`old_per_token_logps`) on the returned completions and logs `tlt/sampling_logp_difference/max`
+`old_per_token_logps`) on the returned completions and logs `rollout/sampling_logp_difference/max`
 and `/mean` (one extra forward over the batch). Speculative decoding is lossless, so with the
 weights synced the gap is float noise (~1e-6); the engine's log-probs are of the distribution it
 sampled from, after top-k / top-p, while TRL's recomputation applies the temperature only, so
@@ -250,16 +250,16 @@ class TLTRollout:
         log = getattr(trainer, "_log_metric", None)
         if log is None:
             return
-        log("tlt/rollout_seconds", call.seconds)
-        log("tlt/sd_step_share", call.sd_steps / max(call.decode_steps, 1))
+        log("rollout/time_s", call.seconds)
+        log("spec/sd_step_share", call.sd_steps / max(call.decode_steps, 1))
         if call.acceptance_length is not None:
-            log("tlt/acceptance_length", call.acceptance_length)
+            log("spec/acceptance_length", call.acceptance_length)
         for bucket, length in call.acceptance_by_position.items():
             if length is not None:
-                log(f"tlt/acceptance_length/{bucket}", length)
+                log(f"spec/acceptance_length/{bucket}", length)
         if gap is not None:
-            log("tlt/sampling_logp_difference/max", gap[0])
-            log("tlt/sampling_logp_difference/mean", gap[1])
+            log("rollout/sampling_logp_difference/max", gap[0])
+            log("rollout/sampling_logp_difference/mean", gap[1])
 
 
 def _check_supported(trainer: Any) -> None:

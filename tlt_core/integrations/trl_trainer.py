@@ -49,7 +49,7 @@ class TLTGRPOConfig(GRPOConfig):
                 "sample count."})
     tlt_check_logprobs: bool = field(default=False, metadata={
         "help": "Compare the engine's log-probs with TRL's recomputation at every generation "
-                "(one extra forward) and log tlt/sampling_logp_difference/max and /mean."})
+                "(one extra forward) and log rollout/sampling_logp_difference/max and /mean."})
 
     def __post_init__(self):
         super().__post_init__()
