@@ -426,3 +426,17 @@ def test_train_writes_policy_folders_that_export_copies_or_rebuilds(tmp_path, ca
         train(old, "--resume")
     with pytest.raises(SystemExit, match="--run: .*older tlt_core.*start a new run"):
         _cli(["policy", str(tmp_path / "o"), "--run", str(old)])
+
+
+def test_export_for_vllm_example_exports_the_embedded_drafter():
+    """examples/export_for_vllm.py: the embedded drafter, whole and reduced vocabulary, exported
+    and read back with the same rollouts (the example asserts it; restated here)."""
+    from tests.test_examples import load_example
+
+    results = load_example("export_for_vllm").main(["--max-tokens", "24"])
+    assert set(results) == {"eagle", "eagle-reduced-vocab"}
+    assert "speculative_token_map.pt" in results["eagle-reduced-vocab"]["files"]
+    for result in results.values():
+        assert "EagleLlamaForCausalLM" in result["architectures"]
+        assert result["acceptance_length"] > 1.0
+        assert any(command.startswith("vllm serve") for command in result["serve"])

@@ -352,3 +352,32 @@ def test_train_takes_an_eagle3_drafter(deep, tmp_path):
     assert metrics["sd_on_share"] > 0 and metrics["acceptance_length"] >= 1.0  # it drafted
     assert all(torch.equal(inputs.drafter.state_dict()[k], v) for k, v in before.items())
     driver.save(tmp_path / "run" / "checkpoints")
+
+
+def test_cli_and_example_export_a_published_eagle3_drafter(deep, tmp_path, capsys):
+    """`tlt export drafter --to eagle3 / speculators --drafter DIR` takes a published EAGLE-3
+    drafter; examples/export_for_vllm.py exports it to both and checks the rollouts."""
+    import argparse
+
+    from tests.test_examples import load_example
+    from tlt_core.cli.export import add_arguments
+
+    save_checkpoint(deep, tmp_path / "target")
+    source = specforge_eagle3(tmp_path / "sf", deep)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for to in ("eagle3", "speculators"):
+        args = parser.parse_args(["drafter", "--to", to, str(tmp_path / to), "--drafter",
+                                  str(source), "--target", str(tmp_path / "target"),
+                                  "--acceptance", "2.0"])
+        assert args.runner(args) == 0
+        _assert_same_drafter(load_drafter(source, deep), load_drafter(tmp_path / to, deep))
+    args = parser.parse_args(["drafter", "--to", "eagle", str(tmp_path / "e1"), "--drafter",
+                              str(source), "--target", str(tmp_path / "target")])
+    with pytest.raises(SystemExit, match="--drafter: .*EAGLE-1 layout cannot hold"):
+        args.runner(args)
+
+    results = load_example("export_for_vllm").main(
+        ["--drafter", str(source), "--target", str(tmp_path / "target"), "--max-tokens", "12"])
+    assert set(results) == {"eagle3", "speculators"}
+    assert results["eagle3"]["architectures"] == ["LlamaForCausalLMEagle3"]
