@@ -46,7 +46,7 @@ def eagle3_tensor_shapes(c, prefix, draft_vocab, vocab, own_head=True):
     """SGLang llama_eagle3.py / vLLM llama_eagle3.py / SpecForge llama3_eagle.py tensors:
     fc (H, 3H), the first layer's q/k/v over 2H inputs with input_layernorm and hidden_norm,
     norm, lm_head (V', H), d2t (V',) and t2d (V,); speculators' Eagle3DraftModel names the
-    layer layers.0 and has d2t/t2d only when V' != V."""
+    layer layers.0, has d2t/t2d only when V' != V and saves embed_tokens."""
     L = EAGLE3_LAYER
     shapes = {"fc.weight": (H, 3 * H),
               f"{prefix}self_attn.q_proj.weight": (L["heads"] * L["head_dim"], 2 * H),
@@ -62,6 +62,8 @@ def eagle3_tensor_shapes(c, prefix, draft_vocab, vocab, own_head=True):
         shapes["lm_head.weight"] = (draft_vocab, H)
     if prefix == "midlayer." or draft_vocab != vocab:
         shapes.update({"d2t": (draft_vocab,), "t2d": (vocab,)})
+    if prefix == "layers.0.":  # speculators keeps its frozen copy of the target's embedding
+        shapes["embed_tokens.weight"] = (vocab, H)
     return shapes
 
 
@@ -193,6 +195,10 @@ def test_eagle3_layout_follows_vllm_and_sglang(deep, full, reduced, vocabulary, 
         vllm[:, torch.arange(V_draft) + tensors["d2t"]] = draft_logits
         ours = drafter.to_target_ids(drafter.logits(hidden).argmax(-1))
     assert torch.equal(vllm.argmax(-1), ours)
+    # vLLM's own name for the class reads back the same
+    (folder / "config.json").write_text(json.dumps({**config,
+                                                    "architectures": ["Eagle3LlamaForCausalLM"]}))
+    _assert_same_drafter(drafter, load_drafter(folder, deep))
 
 
 def _rms(x, weight, eps):

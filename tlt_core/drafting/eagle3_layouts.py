@@ -11,7 +11,8 @@ config dicts and tensors to write. Reading them back is tlt_core.drafting.publis
   (V', H), d2t and t2d.
 - "speculators": speculators 0.9.0's `Eagle3SpeculatorConfig` (speculators_model_type "eagle3",
   src/speculators/models/eagle3/config.py) and `Eagle3DraftModel`'s state dict
-  (core.py: fc, layers.0.*, norm, lm_head, d2t, t2d), with the `speculators_config` every
+  (core.py: embed_tokens, fc, layers.0.*, norm, lm_head, d2t, t2d), with the
+  `speculators_config` every
   SpeculatorModelConfig carries (src/speculators/config.py: algorithm, proposal_methods,
   default_proposal_method, verifier). vLLM reads it through its speculators config adapter
   (vllm/transformers_utils/configs/speculators/algos.py, which reads draft_vocab_size,
@@ -111,7 +112,8 @@ def eagle3_files(drafter: Eagle3Drafter) -> tuple[dict, dict[str, torch.Tensor]]
 def speculators_files(drafter: Eagle3Drafter, speculative_tokens: int,
                       verifier_name_or_path: str | None) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json dict, tensors) of the speculators layout. A drafter scoring with the
-    target's head gets that head written as its own (Eagle3DraftModel always has one)."""
+    target's head gets that head written as its own (Eagle3DraftModel always has one); the
+    target's embedding is written as the drafter's, which Eagle3DraftModel keeps frozen."""
     c, vocab = drafter.config, drafter.config.layer.vocab_size
     verifier_architecture = next(name for name, family in ARCHITECTURES.items()
                                  if family == drafter.target.config.family)
@@ -139,6 +141,11 @@ def speculators_files(drafter: Eagle3Drafter, speculative_tokens: int,
         "torch_dtype": str(drafter.fc.weight.dtype).removeprefix("torch."),
     }
     tensors = _tensors(drafter, "layers.0.")
+    # The target's embedding, as Eagle3DraftModel.save_pretrained writes it: from_pretrained
+    # loads the verifier's only into an embedding it still holds NaN in, which transformers
+    # 5.x's loader does not guarantee for a tensor the checkpoint lacks.
+    tensors["embed_tokens.weight"] = (drafter.target.model.embed_tokens.weight.detach()
+                                      .to("cpu", drafter.fc.weight.dtype).contiguous())
     if c.head_from_target:
         tensors["lm_head.weight"] = drafter.target.lm_head.weight.detach().to("cpu").contiguous()
     if c.draft_vocab != vocab:

@@ -9,16 +9,19 @@ and tells the layout apart by its config keys and tensor names:
   LlamaForCausalLM) with `bias` (fc's; true unless given) and `qkv_bias`. -> `Drafter`, form
   "eagle", `fc_bias` as the weights say.
 - EAGLE-3 in SafeAILab/EAGLE's layout (eagle/model/cnets.py `Model`), SpecForge's
-  (specforge/modeling/draft/llama3_eagle.py `LlamaForCausalLMEagle3`) and SGLang's
-  (python/sglang/srt/models/llama_eagle3.py): told by architectures LlamaForCausalLMEagle3 or
-  `midlayer.*` tensors. -> `Eagle3Drafter`.
+  (specforge/modeling/draft/llama3_eagle.py `LlamaForCausalLMEagle3`), SGLang's
+  (python/sglang/srt/models/llama_eagle3.py) and vLLM's (llama_eagle3.py; tlt export --to
+  eagle3 writes it): told by architectures LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM or
+  `midlayer.*` tensors. -> `Eagle3Drafter`. Its head: `_eagle3_head` says how each engine
+  reads lm_head.weight, its absence and tie_word_embeddings.
 - EAGLE-3 in the speculators library's layout (vllm-project/speculators
   src/speculators/models/eagle3/: config.py `Eagle3SpeculatorConfig`, core.py,
-  model_definitions.py): told by speculators_model_type "eagle3". -> `Eagle3Drafter`.
+  model_definitions.py; tlt export --to speculators writes it): told by speculators_model_type
+  "eagle3". -> `Eagle3Drafter`.
 
-(SGLang's EAGLE-1 layout, LlamaForCausalLMEagle / Qwen2ForCausalLMEagle, and the speculators
-EAGLE-1 layout are the ones tlt_core also writes: tlt_core.drafting.export.load_export reads
-them, through `eagle1_drafter` here.)
+(The EAGLE-1 layout of SGLang and vLLM, LlamaForCausalLMEagle / Qwen2ForCausalLMEagle /
+EagleLlamaForCausalLM, and the speculators EAGLE-1 layout of releases before 0.9.0 are read by
+tlt_core.drafting.export.load_export, through `eagle1_drafter` here.)
 
 Which target hidden states an EAGLE-3 drafter fuses, in our Transformer's `hidden_layers`
 indexing (the output of layer i):
@@ -66,6 +69,8 @@ from tlt_core.model.transformer import ModelConfig, Transformer
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in order of preference
 SGLANG_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+# The names SGLang's and vLLM's registries give the same EAGLE-3 Llama drafter.
+EAGLE3_ARCHITECTURES = (SGLANG_EAGLE3_ARCHITECTURE, "Eagle3LlamaForCausalLM")
 SPECULATORS_EAGLE3 = "eagle3"
 # Tensors EAGLE-1 checkpoints may carry that the drafter takes from the target instead.
 EAGLE1_SHARED = ("embed_tokens.weight", "lm_head.weight")
@@ -198,13 +203,14 @@ def load_published(folder: str | Path, target: Transformer) -> Drafter | Eagle3D
                              f"{SPECULATORS_EAGLE3!r}")
         return _speculators_eagle3(folder, config, tensors, target)
     other = [a for a in architectures if a.endswith(("Eagle", "Eagle3"))
-             and a != SGLANG_EAGLE3_ARCHITECTURE]
+             and a not in EAGLE3_ARCHITECTURES]
     if other:
         raise ValueError(f"folder: {folder}: architecture {other[0]} is not one this reads "
-                         f"(EAGLE-3: {SGLANG_EAGLE3_ARCHITECTURE}; SGLang's EAGLE-1 "
-                         "LlamaForCausalLMEagle and Qwen2ForCausalLMEagle go through "
+                         f"(EAGLE-3: {' / '.join(EAGLE3_ARCHITECTURES)}; the EAGLE-1 "
+                         "LlamaForCausalLMEagle, Qwen2ForCausalLMEagle and "
+                         "EagleLlamaForCausalLM go through "
                          "tlt_core.drafting.export.load_drafter)")
-    if SGLANG_EAGLE3_ARCHITECTURE in architectures or any(
+    if any(a in EAGLE3_ARCHITECTURES for a in architectures) or any(
             name.startswith("midlayer.") for name in tensors):
         return _sglang_eagle3(folder, config, tensors, target)
     if "fc.weight" in tensors and any(name.startswith("layers.") for name in tensors):
