@@ -133,7 +133,7 @@ def test_bad_draft_vocabularies_are_refused(target):
     with pytest.raises(ValueError, match="draft_to_target"):
         Drafter(target, DrafterConfig(), [0, 1])
     drafter = Drafter(target, DrafterConfig(draft_vocab=2), [0, 1])
-    assert "reduced draft vocabulary" in exportable(drafter)
+    assert exportable(drafter) is None  # a reduced vocabulary exports (with a token map)
     with pytest.raises(ValueError, match="topk"):
         cache = drafter.new_cache(1, 16)
         draft_tree(drafter, cache, torch.tensor([1]), torch.randn(1, target.config.hidden_size),

@@ -442,21 +442,19 @@ def test_imported_drafters_roll_out_the_targets_greedy_tokens(case, llama, qwen2
 
 # ---- fc bias: saved, loaded and exported as it is ------------------------------------------------
 
-def test_fc_bias_round_trips_through_save_and_both_exports(llama, tmp_path):
+def test_fc_bias_round_trips_through_save_and_export(llama, tmp_path):
     torch.manual_seed(4)
     drafter = Drafter(llama, DrafterConfig(form="eagle", fc_bias=True)).eval()
     assert drafter.fc.bias is not None and bool(drafter.fc.bias.any())
     drafter.save(tmp_path / "saved")
-    folders = [tmp_path / "saved"] + [
-        export_drafter(drafter, tmp_path / to, to, {"rl_step": 1, "acceptance_length": None})
-        for to in ("eagle", "speculators")]
+    folders = [tmp_path / "saved", export_drafter(drafter, tmp_path / "eagle", "eagle",
+                                                  {"rl_step": 1, "acceptance_length": None})]
     for folder in folders:
         again = load_drafter(folder, llama)
         assert again.config.fc_bias
         for name, tensor in drafter.state_dict().items():
             assert torch.equal(again.state_dict()[name], tensor), (folder, name)
-    speculators = json.loads((tmp_path / "speculators" / "config.json").read_text())
-    assert speculators["fusion_bias"] is True and read_provenance(tmp_path / "eagle")["fc_bias"]
+    assert read_provenance(tmp_path / "eagle")["fc_bias"]
     # provenance that disagrees with the weights: not what export_drafter wrote
     record = read_provenance(tmp_path / "eagle")
     (tmp_path / "eagle" / "tlt_provenance.json").write_text(json.dumps({**record,

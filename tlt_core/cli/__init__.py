@@ -3,7 +3,7 @@
   tlt train           GRPO with TLT (the main job): the embedded task by default, or --model
                       DIR --data FILE; --compare adds the SD-off baseline
   tlt generate        text generation with speculative decoding, batch or interactive
-  tlt export drafter  a trained drafter in SGLang's EAGLE or vLLM's speculators layout
+  tlt export drafter  a drafter in the EAGLE-1 / EAGLE-3 layouts vLLM, SGLang, speculators load
   tlt export policy   a `tlt train` run's policy as a Hugging Face folder
   tlt bench ...       benchmarks, each a ratio against a baseline run side by side
   tlt task lengths    the embedded task's heavy-tailed response lengths (--plot PNG)

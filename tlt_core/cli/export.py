@@ -1,12 +1,15 @@
-"""`tlt export drafter --to {eagle,speculators} OUT`: a drafter in a serving engine's format;
-`tlt export policy --run DIR OUT`: a `tlt train` run's policy as a Hugging Face folder.
+"""`tlt export drafter --to {eagle,eagle3,speculators} OUT`: a drafter in a serving engine's
+layout; `tlt export policy --run DIR OUT`: a `tlt train` run's policy as a Hugging Face folder.
 
-drafter: writes OUT in SGLang's EAGLE-1 layout (`--to eagle`) or vLLM's speculators layout
-(`--to speculators`) with provenance: the target's weights hash, the RL step, the acceptance
-length at export, the tlt_core version and the date (tlt_core.drafting.export). Only a drafter
-trained with DrafterConfig(form="eagle") exports; any other is refused with the reason.
+drafter: writes OUT with provenance (the target's weights hash, the RL step, the acceptance
+length at export, the tlt_core version and the date; tlt_core.drafting.export): a tlt_core
+drafter trained with DrafterConfig(form="eagle") in the EAGLE-1 layout SGLang and vLLM serve
+(`--to eagle`; a reduced draft vocabulary adds SGLang's token map), an EAGLE-3 drafter in the
+SGLang/vLLM/SpecForge layout (`--to eagle3`) or speculators' (`--to speculators`). Any other
+drafter or pairing is refused with the reason.
 
-Inputs: --drafter DIR (a folder written by Drafter.save; default: the embedded drafter) and
+Inputs: --drafter DIR (any folder `--drafter` flags read: Drafter.save's, an export, a published
+EAGLE-1/2 or EAGLE-3 checkpoint; default: the embedded drafter) and
 --target DIR (a local Hugging Face checkpoint; default: the embedded model); or --run DIR, a
 `tlt train` run folder: the drafter RL spot-trained, as of its newest checkpoint
 (DIR/checkpoints/step-NNNNNN, or a checkpoint folder given directly), drafting for the policy of
@@ -30,7 +33,7 @@ import sys
 from pathlib import Path
 
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
-from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, exportable
+from tlt_core.drafting.export import EXPORT_FORMATS, export_drafter, exportable, load_drafter
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.embedded.workload import load_embedded
@@ -49,10 +52,12 @@ ACCEPTANCE_PROBLEMS, ACCEPTANCE_SEED = 16, 4242  # held out: training and benche
 
 def add_parsers(commands) -> None:
     export = commands.add_parser(
-        "export", help="a trained drafter (EAGLE, speculators) or policy (Hugging Face) to serve",
+        "export",
+        help="a trained drafter (EAGLE, EAGLE-3, speculators) or policy (Hugging Face) to serve",
         description="Exports artifacts for serving engines: `tlt export drafter --to "
-                    "{eagle,speculators} OUT` writes a drafter in SGLang's EAGLE or vLLM's "
-                    "speculators layout, with provenance; `tlt export policy --run DIR OUT` "
+                    "{eagle,eagle3,speculators} OUT` writes a drafter in the EAGLE-1 or EAGLE-3 "
+                    "layout SGLang and vLLM load or in speculators', with provenance; `tlt "
+                    "export policy --run DIR OUT` "
                     "writes a `tlt train` run's policy as a Hugging Face folder.")
     add_arguments(export)
 
@@ -61,18 +66,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `export` command's arguments: its subcommands, `drafter` and `policy`."""
     kinds = parser.add_subparsers(dest="export", required=True, metavar="WHAT")
     drafter = kinds.add_parser(
-        "drafter", help="a drafter in SGLang's EAGLE-1 or vLLM's speculators layout",
+        "drafter", help="a drafter in the EAGLE-1, EAGLE-3 or speculators layout",
         description="Writes a drafter trained with DrafterConfig(form='eagle') as an EAGLE-1 "
-                    "checkpoint SGLang serves (--to eagle: LlamaForCausalLMEagle) or in the "
-                    "speculators format (--to speculators: speculators_model_type 'eagle'), "
-                    "with provenance (target weights hash, RL step, acceptance length, "
-                    "tlt_core version, date). See docs/export.md for the field mapping.",
+                    "checkpoint SGLang and vLLM serve (--to eagle: LlamaForCausalLMEagle / "
+                    "EagleLlamaForCausalLM; a reduced draft vocabulary adds "
+                    "speculative_token_map.pt for SGLang's --speculative-token-map), or an "
+                    "EAGLE-3 drafter as LlamaForCausalLMEagle3 (--to eagle3) or in speculators "
+                    "0.9.0's eagle3 format (--to speculators), with provenance (target weights "
+                    "hash, RL step, acceptance length, tlt_core version, date). See "
+                    "docs/export.md for the layouts.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     drafter.add_argument("out", type=Path, metavar="OUT", help="folder to write")
     drafter.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="the layout")
     drafter.add_argument("--drafter", type=Path, metavar="DIR",
-                         help="a drafter folder written by Drafter.save (default: the "
-                              "embedded drafter)")
+                         help="a drafter folder: Drafter.save's, an export, or a published "
+                              "EAGLE-1/2 or EAGLE-3 checkpoint (default: the embedded drafter)")
     drafter.add_argument("--target", type=Path, metavar="DIR",
                          help="the drafter's target, a local Hugging Face checkpoint folder "
                               "(default: the embedded model)")
@@ -132,7 +140,7 @@ def run_export(args: argparse.Namespace) -> int:
         args.step = step if args.step is None else args.step
     else:
         drafter, drafter_name = _drafter(args.drafter, target)
-    problem = exportable(drafter)
+    problem = exportable(drafter, args.to)
     if problem is not None:
         flag = ("--run" if args.run is not None else "--drafter" if args.drafter is not None
                 else "--drafter (default: the embedded drafter)")
@@ -193,7 +201,7 @@ def _drafter(path: Path | None, target):
         path = load_embedded().drafter_folder
         flag = "--drafter (default: the embedded drafter)"
     try:
-        return Drafter.load(path, target).eval(), str(path)
+        return load_drafter(path, target).eval(), str(path)
     except FileNotFoundError as error:
         raise SystemExit(f"tlt export: {flag}: {error}") from None
     except ValueError as error:  # trained for a target of another shape
@@ -237,6 +245,9 @@ def _from_run(path: Path, state: dict, target):
                          f"architecture ({str(error).splitlines()[0]}); give the checkpoint it "
                          "was trained from as --target") from None
     weights = state["drafter"]
+    if any(name.startswith("midlayer.") for name in weights):  # an imported EAGLE-3 drafter
+        raise SystemExit("tlt export: --run: the run drafted with an EAGLE-3 drafter, which it "
+                         "does not train: export the folder it was given (--drafter DIR)")
     # The checkpoint holds the drafter's tensors, not its config: the form shows in them
     # (form "tlt" has the layer's input norm, several feature layers a fuse linear).
     if "fuse.weight" in weights:

@@ -132,8 +132,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "pre-trained embedded model, whose prompts are countdown sums "
                              "such as 37+04)")
     parser.add_argument("--drafter", type=Path, metavar="DIR",
-                        help="a drafter trained for the model: a folder Drafter.save wrote, or a "
-                             "`tlt export drafter` export (EAGLE or speculators) (default: "
+                        help="a drafter for the model: a folder Drafter.save wrote, a `tlt "
+                             "export drafter` export, or a published EAGLE-1/2 or EAGLE-3 "
+                             "checkpoint (default: "
                              "the embedded drafter with the embedded model; none with --model, "
                              "which then decodes plainly)")
     add_dataclass_arguments(parser, GenerateConfig)

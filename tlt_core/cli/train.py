@@ -105,8 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="held-out prompts with reference answers for --eval-every (same "
                              "formats and fields as --data; the embedded task has its own)")
     parser.add_argument("--drafter", type=Path, metavar="DIR",
-                        help="a drafter for --model: a Drafter.save folder or a `tlt export "
-                             "drafter` export (without one, TLT uses suffix-match drafts only)")
+                        help="a drafter for --model: any folder --drafter flags read (a "
+                             "Drafter.save folder, a `tlt export drafter` export, a published "
+                             "EAGLE-1/2 or EAGLE-3 checkpoint; an EAGLE-3 drafter drafts as "
+                             "loaded, ours are also spot-trained). Without one, TLT uses "
+                             "suffix-match drafts only")
     parser.add_argument("--prompt-field", metavar="PATH",
                         help="the data's prompt field, dotted for a nested one "
                              "(extra_info.question; default: the first of prompt, question, "

@@ -15,7 +15,7 @@ norm sits:
   normalises its input (input_layernorm); logits = lm_head(final_norm(f')). f' regresses onto
   the target's pre-norm hidden state.
 - "eagle": EAGLE-1 as serving engines run it (SafeAILab/EAGLE cnets.py, SGLang's
-  LlamaForCausalLMEagle, the speculators library's EagleSpeculator): f_t is the hidden state
+  LlamaForCausalLMEagle, vLLM's EagleLlamaForCausalLM): f_t is the hidden state
   AFTER the final norm (what the LM head sees); the layer has no input norm (identity);
   logits = lm_head(f'), no norm. f' regresses onto the target's normed hidden state. Only this
   form has an exact serving representation (tlt_core.drafting.export); it needs feature_layers (-1,).
@@ -75,7 +75,7 @@ class DrafterConfig:
     feature_layers: tuple[int, ...] = (-1,)
     # Where the target's final norm sits (module docstring): "tlt" (pre-norm features, the
     # layer's own input norm, final norm before the head) or "eagle" (normed features, no input
-    # norm, no norm before the head; exportable to SGLang and speculators). None: "eagle" for
+    # norm, no norm before the head; exportable to vLLM and SGLang). None: "eagle" for
     # feature_layers (-1,), "tlt" for several layers.
     form: str | None = None
     # V': the head covers only these many target ids (`Drafter.draft_to_target`); None: the

@@ -19,7 +19,9 @@ the next token:
     logits = lm_head(norm(g'))                  (V',) over the draft vocabulary
 
 Draft index i is target token draft_to_target[i] (the checkpoints' d2t stores the offsets:
-target = i + d2t[i]). The embedding is the target's (module `published`, where the checkpoints
+target = i + d2t[i]). A checkpoint without its own head (`head_from_target`) scores the whole
+vocabulary with the target's LM head instead: what SGLang does for a config without
+draft_vocab_size and vLLM for a checkpoint without lm_head.weight. The embedding is the target's (module `published`, where the checkpoints
 are read, says why); the rotary embedding is the drafter's own, from its layer config, since
 EAGLE-3 drafters are trained with their own RoPE settings (SpecForge's Llama-3 config has no
 rope_theta: 10000 against the target's 500000).
@@ -61,6 +63,9 @@ class Eagle3Config:
     draft_vocab: int  # V'
     # speculators' norm_before_residual: the residual is hidden_norm(g) instead of g.
     norm_before_residual: bool = False
+    # No head of its own: logits = target.lm_head(norm(g')) over the whole vocabulary (the
+    # target's tensor, read live, so it follows the target's updates); needs draft_vocab = V.
+    head_from_target: bool = False
 
     def __post_init__(self):
         layers = tuple(int(i) for i in self.feature_layers)
@@ -118,6 +123,10 @@ class Eagle3Drafter(nn.Module):
             raise ValueError(f"target: the drafter's layer has hidden_size {layer.hidden_size} "
                              f"and vocab_size {layer.vocab_size}, the target {c.hidden_size} and "
                              f"{c.vocab_size}; an EAGLE-3 drafter shares the target's embedding")
+        if config.head_from_target and config.draft_vocab != c.vocab_size:
+            raise ValueError(f"draft_vocab: a drafter scoring with the target's LM head drafts "
+                             f"over its whole vocabulary ({c.vocab_size}), got "
+                             f"{config.draft_vocab}")
         bad = [i for i in config.feature_layers if i >= c.num_layers]
         if bad:
             raise ValueError(f"feature_layers: layer {bad[0]} is out of range for a target with "
@@ -128,11 +137,16 @@ class Eagle3Drafter(nn.Module):
         self.fc = nn.Linear(len(config.feature_layers) * hidden, hidden, bias=False)
         self.midlayer = Eagle3Layer(layer, config.norm_before_residual)
         self.norm = RMSNorm(hidden, layer.rms_norm_eps)
-        self.lm_head = nn.Linear(hidden, config.draft_vocab, bias=False)
+        self.lm_head = (None if config.head_from_target
+                        else nn.Linear(hidden, config.draft_vocab, bias=False))
         self.rotary_emb = RotaryEmbedding(layer)
         self.register_buffer("draft_to_target",
                              check_draft_ids(draft_to_target, config.draft_vocab, c.vocab_size,
                                              ascending=False))
+        if config.head_from_target and not torch.equal(self.draft_to_target,
+                                                       torch.arange(c.vocab_size)):
+            raise ValueError("draft_to_target: the target's LM head scores token ids in order; "
+                             "a drafter using it maps draft index i to token i")
         self.to(dtype=target.lm_head.weight.dtype, device=target.lm_head.weight.device)
 
     @property
@@ -191,5 +205,7 @@ class Eagle3Drafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) drafter outputs -> (..., V') float32 logits over the draft vocabulary,
-        through the drafter's own final norm and head."""
-        return F.linear(self.norm.forward(hidden), self.lm_head.weight).float()
+        through the drafter's own final norm and head (or the target's, head_from_target)."""
+        head = (self.target.lm_head.weight.detach() if self.lm_head is None
+                else self.lm_head.weight)  # (V', H)
+        return F.linear(self.norm.forward(hidden), head).float()

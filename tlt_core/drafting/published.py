@@ -9,16 +9,19 @@ and tells the layout apart by its config keys and tensor names:
   LlamaForCausalLM) with `bias` (fc's; true unless given) and `qkv_bias`. -> `Drafter`, form
   "eagle", `fc_bias` as the weights say.
 - EAGLE-3 in SafeAILab/EAGLE's layout (eagle/model/cnets.py `Model`), SpecForge's
-  (specforge/modeling/draft/llama3_eagle.py `LlamaForCausalLMEagle3`) and SGLang's
-  (python/sglang/srt/models/llama_eagle3.py): told by architectures LlamaForCausalLMEagle3 or
-  `midlayer.*` tensors. -> `Eagle3Drafter`.
+  (specforge/modeling/draft/llama3_eagle.py `LlamaForCausalLMEagle3`), SGLang's
+  (python/sglang/srt/models/llama_eagle3.py) and vLLM's (llama_eagle3.py; tlt export --to
+  eagle3 writes it): told by architectures LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM or
+  `midlayer.*` tensors. -> `Eagle3Drafter`. Its head: `_eagle3_head` says how each engine
+  reads lm_head.weight, its absence and tie_word_embeddings.
 - EAGLE-3 in the speculators library's layout (vllm-project/speculators
   src/speculators/models/eagle3/: config.py `Eagle3SpeculatorConfig`, core.py,
-  model_definitions.py): told by speculators_model_type "eagle3". -> `Eagle3Drafter`.
+  model_definitions.py; tlt export --to speculators writes it): told by speculators_model_type
+  "eagle3". -> `Eagle3Drafter`.
 
-(SGLang's EAGLE-1 layout, LlamaForCausalLMEagle / Qwen2ForCausalLMEagle, and the speculators
-EAGLE-1 layout are the ones tlt_core also writes: tlt_core.drafting.export.load_export reads
-them, through `eagle1_drafter` here.)
+(The EAGLE-1 layout of SGLang and vLLM, LlamaForCausalLMEagle / Qwen2ForCausalLMEagle /
+EagleLlamaForCausalLM, and the speculators EAGLE-1 layout of releases before 0.9.0 are read by
+tlt_core.drafting.export.load_export, through `eagle1_drafter` here.)
 
 Which target hidden states an EAGLE-3 drafter fuses, in our Transformer's `hidden_layers`
 indexing (the output of layer i):
@@ -66,6 +69,8 @@ from tlt_core.model.transformer import ModelConfig, Transformer
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in order of preference
 SGLANG_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+# The names SGLang's and vLLM's registries give the same EAGLE-3 Llama drafter.
+EAGLE3_ARCHITECTURES = (SGLANG_EAGLE3_ARCHITECTURE, "Eagle3LlamaForCausalLM")
 SPECULATORS_EAGLE3 = "eagle3"
 # Tensors EAGLE-1 checkpoints may carry that the drafter takes from the target instead.
 EAGLE1_SHARED = ("embed_tokens.weight", "lm_head.weight")
@@ -87,11 +92,11 @@ SPECULATORS_EAGLE3_PREFIXES = {"fc.": "fc.", "layers.0.": "midlayer.", "norm.": 
 # Config switches whose math we do not run, with the value that means "off": SpecForge's fc_norm
 # (per-layer norms before fc) and norm_output (false: no norm before the head); attention_bias,
 # which SGLang and vLLM read differently for this layout (SGLang's q/k/v have no bias whatever it
-# says, vLLM's follow it); norm_before_residual, vLLM's switch SGLang ignores;
-# tie_word_embeddings (the head would be the embedding). (An fc bias, SGLang's `bias`, shows as
-# an fc.bias tensor, which the drafter has no place for.)
+# says, vLLM's follow it); norm_before_residual, vLLM's switch SGLang ignores. (An fc bias,
+# SGLang's `bias`, shows as an fc.bias tensor, which the drafter has no place for.)
+# tie_word_embeddings is read by `_eagle3_head`.
 SGLANG_EAGLE3_OFF = {"fc_norm": False, "norm_output": True, "attention_bias": False,
-                     "norm_before_residual": False, "tie_word_embeddings": False}
+                     "norm_before_residual": False}
 # speculators' Eagle3SpeculatorConfig switches we do not run (norm_before_residual we do).
 SPECULATORS_EAGLE3_OFF = {"norm_before_fc": False, "fc_norm": False, "norm_output": False,
                           "embed_requires_grad": False}
@@ -135,17 +140,21 @@ def layer_model_config(layer: dict, folder: Path) -> ModelConfig:
     if layer.get("model_type", "llama") not in ("llama", "qwen2"):
         raise ValueError(f"folder: {folder}: its layer is model_type {layer['model_type']!r}; "
                          "we read Llama (and Qwen2-configured EAGLE-1) drafter layers")
-    try:
-        return ModelConfig.from_hf_config({**layer, "architectures": ["LlamaForCausalLM"]})
+    try:  # tie_word_embeddings, copied from the target's config, is about no tensor we build
+        return ModelConfig.from_hf_config({**layer, "architectures": ["LlamaForCausalLM"],
+                                           "tie_word_embeddings": False})
     except ValueError as error:
         raise ValueError(f"folder: {folder}: its layer config: {error}") from None
 
 
 def eagle1_drafter(target: Transformer, layer_config: dict, tensors: dict[str, torch.Tensor],
-                   prefixes: dict[str, str], folder: Path) -> Drafter:
+                   prefixes: dict[str, str], folder: Path, *,
+                   draft_to_target: torch.Tensor | None = None) -> Drafter:
     """A form-"eagle" Drafter for `target` from an EAGLE-1 checkpoint: its layer config (checked
     against the target's: our layer runs on the target's config and rotary embedding) and its
-    tensors, named by `prefixes` (theirs -> ours). An all-zero fc.bias is no bias."""
+    tensors, named by `prefixes` (theirs -> ours). An all-zero fc.bias is no bias.
+    draft_to_target: the target ids of a reduced draft vocabulary (SGLang's token map), or
+    None for the whole vocabulary."""
     theirs = layer_model_config(layer_config, folder)
     mine = target.config
     for key, field in EAGLE1_LAYER_FIELDS.items():
@@ -167,7 +176,11 @@ def eagle1_drafter(target: Transformer, layer_config: dict, tensors: dict[str, t
     fc_bias = "fc.bias" in state and bool(state["fc.bias"].any())
     if not fc_bias:
         state.pop("fc.bias", None)
-    drafter = Drafter(target, DrafterConfig(form="eagle", fc_bias=fc_bias))
+    draft_vocab = None if draft_to_target is None else int(draft_to_target.numel())
+    drafter = Drafter(target, DrafterConfig(form="eagle", fc_bias=fc_bias,
+                                            draft_vocab=draft_vocab), draft_to_target)
+    if draft_to_target is not None:
+        state["draft_to_target"] = drafter.draft_to_target
     _load_exactly(drafter, state, unexpected, _renamer(prefixes), folder,
                   f"our drafter's layer is the target's {mine.family} layer (attention_bias "
                   f"{mine.attention_bias}), with no input norm")
@@ -190,13 +203,14 @@ def load_published(folder: str | Path, target: Transformer) -> Drafter | Eagle3D
                              f"{SPECULATORS_EAGLE3!r}")
         return _speculators_eagle3(folder, config, tensors, target)
     other = [a for a in architectures if a.endswith(("Eagle", "Eagle3"))
-             and a != SGLANG_EAGLE3_ARCHITECTURE]
+             and a not in EAGLE3_ARCHITECTURES]
     if other:
         raise ValueError(f"folder: {folder}: architecture {other[0]} is not one this reads "
-                         f"(EAGLE-3: {SGLANG_EAGLE3_ARCHITECTURE}; SGLang's EAGLE-1 "
-                         "LlamaForCausalLMEagle and Qwen2ForCausalLMEagle go through "
+                         f"(EAGLE-3: {' / '.join(EAGLE3_ARCHITECTURES)}; the EAGLE-1 "
+                         "LlamaForCausalLMEagle, Qwen2ForCausalLMEagle and "
+                         "EagleLlamaForCausalLM go through "
                          "tlt_core.drafting.export.load_drafter)")
-    if SGLANG_EAGLE3_ARCHITECTURE in architectures or any(
+    if any(a in EAGLE3_ARCHITECTURES for a in architectures) or any(
             name.startswith("midlayer.") for name in tensors):
         return _sglang_eagle3(folder, config, tensors, target)
     if "fc.weight" in tensors and any(name.startswith("layers.") for name in tensors):
@@ -227,30 +241,64 @@ def _sglang_eagle3(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
     """SafeAILab cnets.py / SpecForge llama3_eagle.py / SGLang llama_eagle3.py: one LlamaConfig
     with draft_vocab_size, eagle_config, the target's vocab_size."""
     _refuse_switches(config, SGLANG_EAGLE3_OFF, folder)
-    if config.get("draft_vocab_size") is None:
-        raise ValueError(f"folder: {folder}: no draft_vocab_size: SGLang would use the target's "
-                         "LM head (load_lm_head_from_target), which our EAGLE-3 drafter does not "
-                         "do")
+    draft_vocab, head_from_target = _eagle3_head(config, tensors, target, folder)
     eagle_config = config.get("eagle_config") or {}
     if not isinstance(eagle_config, dict):
         raise ValueError(f"folder: {folder}: eagle_config is {eagle_config!r}, not a dict")
     if eagle_config.get("use_aux_hidden_state", True) is not True:
         raise ValueError(f"folder: {folder}: eagle_config.use_aux_hidden_state is false (no "
                          "fused target layers); we read EAGLE-3 drafters that fuse them")
-    if "eagle_aux_hidden_state_layer_ids" in config:
-        raise ValueError(f"folder: {folder}: eagle_aux_hidden_state_layer_ids at the top level "
-                         "of this layout is read by vLLM (the input of layer j) and ignored by "
-                         "SGLang (eagle_config's, the output of layer j): which layers it was "
-                         "trained on is ambiguous; move it into eagle_config")
     L = target.config.num_layers
     ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    if top is not None and (not isinstance(ids, list) or not isinstance(top, list)
+                            or [j - 1 for j in top if isinstance(j, int)] != ids):
+        raise ValueError(f"folder: {folder}: eagle_aux_hidden_state_layer_ids {top} at the top "
+                         "level of this layout is read by vLLM (the input of layer j) and ignored "
+                         "by SGLang, which reads eagle_config's (the output of layer j): "
+                         f"eagle_config has {ids}, so which layers it was trained on is "
+                         "ambiguous; give eagle_config's alone, or both with top-level = "
+                         "eagle_config's + 1")
     if ids is None:
         outputs, what = [1, L // 2 - 1, L - 4], "the inputs of layers 2, L//2, L-3"
     else:
         outputs, what = ids, "eagle_config.eagle_aux_hidden_state_layer_ids"
     feature_layers = _capture_order(outputs, L, folder, what)
-    return _eagle3_drafter(target, config, feature_layers, config["draft_vocab_size"], False,
+    return _eagle3_drafter(target, config, feature_layers, draft_vocab, False, head_from_target,
                            tensors, SGLANG_EAGLE3_PREFIXES, folder)
+
+
+def _eagle3_head(config: dict, tensors: dict[str, torch.Tensor], target: Transformer,
+                 folder: Path) -> tuple[int, bool]:
+    """(draft vocabulary, head_from_target) of an SGLang-layout EAGLE-3 checkpoint.
+
+    With lm_head.weight the head is that tensor, whatever tie_word_embeddings says: SpecForge
+    trains it as a Linear of its own (its configs copy tie_word_embeddings from a tied target
+    such as Llama 3.2 1B, where it ties nothing) and vLLM loads it. Without one, the engines
+    score the whole vocabulary with a tensor of the target's: SGLang with the embedding when
+    tie_word_embeddings (the drafter's lm_head is its embed_tokens, which it replaces by the
+    target's) or its LM head when draft_vocab_size is absent (load_lm_head_from_target); vLLM
+    with the target's LM head. The two agree only when the target's head is its embedding."""
+    vocab, tied = target.config.vocab_size, bool(config.get("tie_word_embeddings", False))
+    draft_vocab = config.get("draft_vocab_size")
+    if "lm_head.weight" in tensors:
+        if draft_vocab is None:
+            raise ValueError(f"folder: {folder}: lm_head.weight without draft_vocab_size: SGLang "
+                             "would score with the target's LM head (load_lm_head_from_target), "
+                             "vLLM with this one; give draft_vocab_size")
+        return draft_vocab, False
+    if draft_vocab not in (None, vocab):
+        raise ValueError(f"folder: {folder}: no lm_head.weight for its draft vocabulary of "
+                         f"{draft_vocab} tokens (a head from the target covers all {vocab})")
+    if draft_vocab is not None and not tied:
+        raise ValueError(f"folder: {folder}: no lm_head.weight, draft_vocab_size given and "
+                         "tie_word_embeddings false: SGLang would leave its head uninitialised")
+    if tied and not target.config.tie_word_embeddings:
+        raise ValueError(f"target: the drafter in {folder} has no lm_head.weight and "
+                         "tie_word_embeddings true: SGLang scores with the target's embedding, "
+                         "vLLM with the target's LM head, which differ for this target (its "
+                         "tie_word_embeddings is false)")
+    return vocab, True
 
 
 def _speculators_eagle3(folder: Path, config: dict, tensors: dict[str, torch.Tensor],
@@ -265,7 +313,8 @@ def _speculators_eagle3(folder: Path, config: dict, tensors: dict[str, torch.Ten
         raise ValueError(f"folder: {folder}: transformer_layer_config is model_type "
                          f"{layer.get('model_type', 'qwen3')!r} (per-head q/k norms for qwen3); "
                          "we read Llama-layer EAGLE-3 drafters")
-    _refuse_switches(layer, {"tie_word_embeddings": False}, folder)
+    # tie_word_embeddings in transformer_layer_config (copied from a tied verifier) ties
+    # nothing: Eagle3DraftModel's lm_head is a draft-vocabulary Linear of its own.
     L = target.config.num_layers
     ids = config.get("eagle_aux_hidden_state_layer_ids")
     inputs = [2, L // 2, L - 3] if ids is None else ids  # resolve_target_layer_ids' default
@@ -279,11 +328,11 @@ def _speculators_eagle3(folder: Path, config: dict, tensors: dict[str, torch.Ten
     draft_vocab = config.get("draft_vocab_size", SPECULATORS_DRAFT_VOCAB)
     norm_before_residual = bool(config.get("norm_before_residual", False))
     return _eagle3_drafter(target, layer, feature_layers, draft_vocab, norm_before_residual,
-                           tensors, SPECULATORS_EAGLE3_PREFIXES, folder)
+                           False, tensors, SPECULATORS_EAGLE3_PREFIXES, folder)
 
 
 def _eagle3_drafter(target: Transformer, layer_config: dict, feature_layers: tuple[int, ...],
-                    draft_vocab: int, norm_before_residual: bool,
+                    draft_vocab: int, norm_before_residual: bool, head_from_target: bool,
                     tensors: dict[str, torch.Tensor], prefixes: dict[str, str],
                     folder: Path) -> Eagle3Drafter:
     c = target.config
@@ -321,7 +370,8 @@ def _eagle3_drafter(target: Transformer, layer_config: dict, feature_layers: tup
                 state[prefixes[prefix] + name[len(prefix):]] = tensor
     try:
         drafter = Eagle3Drafter(target, Eagle3Config(layer, feature_layers, draft_vocab,
-                                                     norm_before_residual), draft_ids)
+                                                     norm_before_residual, head_from_target),
+                                draft_ids)
     except ValueError as error:  # d2t's ids
         raise ValueError(f"folder: {folder}: {error}") from None
     state["draft_to_target"] = drafter.draft_to_target

@@ -77,6 +77,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tlt_core.adaptive.measured_plans import MeasuredPlans, measured_plans
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
 from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.eagle3 import Eagle3Drafter
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
@@ -142,7 +143,8 @@ class RLDriver:
 
     def __init__(self, policy: torch.nn.Module, prompts: Sequence[Prompt], reward_fn: RewardFn,
                  detokenize: Callable[[list[int]], str], stop_ids: Sequence[int],
-                 config: TrainConfig = TrainConfig(), *, drafter: Drafter | None = None,
+                 config: TrainConfig = TrainConfig(), *,
+                 drafter: Drafter | Eagle3Drafter | None = None,
                  calibration: Sequence[Prompt] = (), group: WorkerGroup | None = None,
                  evaluation: Sequence[Prompt] = (), forced_lengths: ForcedLengths | None = None):
         if not prompts:
@@ -188,8 +190,9 @@ class RLDriver:
         engine_config = EngineConfig(max_batch=config.max_batch, max_len=max_len, seed=config.seed)
         self.drafter = drafter if config.tlt else None
         # Spot training needs a rank that went idle while others still decode: with one rank
-        # there is none, so harvesting would only cost the rollout time.
-        spot = self.drafter is not None and self.group.world_size > 1
+        # there is none, so harvesting would only cost the rollout time. It trains a Drafter on
+        # the EAGLE loss; an EAGLE-3 drafter (imported) drafts as loaded.
+        spot = isinstance(self.drafter, Drafter) and self.group.world_size > 1
         self.harvest = HarvestBuffer(max_bytes=64 << 20) if spot else None
         self.engine = RolloutEngine(policy, engine_config, self.drafter, self.harvest)
         # the spot trainer's settings (it runs only beside other ranks: one finishes first)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from tlt_core.drafting.drafter import Drafter
+from tlt_core.drafting.eagle3 import Eagle3Drafter
 from tlt_core.drafting.export import load_drafter
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.placement import Placement
@@ -39,7 +40,9 @@ class Prompt:
 @dataclass
 class TrainInputs:
     policy: torch.nn.Module
-    drafter: Drafter | None
+    # Any drafter load_drafter reads; the spot trainer trains a Drafter, an Eagle3Drafter
+    # (a published EAGLE-3 drafter) drafts as loaded.
+    drafter: Drafter | Eagle3Drafter | None
     prompts: list[Prompt]
     calibration: list[Prompt]  # a few prompts like the workload's, for the cost model
     reward_fn: RewardFn
@@ -78,12 +81,7 @@ def checkpoint_inputs(model_path: str | Path, data_path: str | Path, *, drafter_
     prompts, data = read(data_path)
     evaluation = read(eval_data_path)[0] if eval_data_path is not None else []
     policy = load_checkpoint(model_path, dtype=placement.dtype, device=placement.device)
-    drafter = load_drafter(drafter_path, policy) if drafter_path is not None else None
-    if drafter is not None and not isinstance(drafter, Drafter):
-        raise ValueError(f"drafter: {drafter_path} is a {type(drafter).__name__}, which drafts "
-                         "(tlt generate, tlt bench) but which the spot trainer cannot train (it "
-                         "trains tlt_core's EAGLE drafters on the EAGLE loss); train one for "
-                         "this model with `tlt drafter train`")
+    drafter = load_drafter(drafter_path, policy).eval() if drafter_path is not None else None
     fields = f"fields {data.prompt_key!r} / {data.answer_key!r}"
     return TrainInputs(policy, drafter, prompts, prompts[:4], reward_fn,
                        lambda ids: tokenizer.decode(ids), tuple(tokenizer.eos_ids),
