@@ -28,8 +28,8 @@ only if it is an earlier export (it holds tlt_policy.json) or empty.
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
-import sys
 from pathlib import Path
 
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
@@ -48,6 +48,8 @@ from tlt_core.persistence.checkpoint_io import (STATE_FILE, atomic_folder, lates
                                                 read_state, step_folders)
 
 ACCEPTANCE_PROBLEMS, ACCEPTANCE_SEED = 16, 4242  # held out: training and benches use others
+
+logger = logging.getLogger(__name__)
 
 
 def add_parsers(commands) -> None:
@@ -155,14 +157,14 @@ def run_export(args: argparse.Namespace) -> int:
         provenance["acceptance_length"], provenance["acceptance_source"] = \
             measure_acceptance(target, drafter)
     else:
-        print("tlt export: no --acceptance given and no workload known for --target: "
-              "acceptance_length is recorded as unknown", file=sys.stderr)
+        logger.warning("tlt export: no --acceptance given and no workload known for --target: "
+                       "acceptance_length is recorded as unknown")
     folder = export_drafter(drafter, args.out, args.to, provenance,
                             speculative_tokens=args.speculative_tokens)
     acceptance = provenance["acceptance_length"]
-    print(f"wrote {folder} ({args.to} layout): drafter {drafter_name}, target {target_name}, "
-          f"RL step {'unknown' if args.step is None else args.step}, acceptance "
-          f"{'unknown' if acceptance is None else f'{acceptance:.2f}'}")
+    logger.info("wrote %s (%s layout): drafter %s, target %s, RL step %s, acceptance %s", folder,
+                args.to, drafter_name, target_name, "unknown" if args.step is None else args.step,
+                "unknown" if acceptance is None else f"{acceptance:.2f}")
     return 0
 
 
@@ -295,7 +297,7 @@ def run_export_policy(args: argparse.Namespace) -> int:
             _policy_from_checkpoint(source, run, out, step)
     except OSError as error:  # disk full, no permission: it names the path
         raise SystemExit(f"tlt export: OUT: {error}") from None
-    print(f"wrote {out}: the policy of {run} after step {step} (from {source})")
+    logger.info("wrote %s: the policy of %s after step %s (from %s)", out, run, step, source)
     return 0
 
 
