@@ -25,3 +25,8 @@ python -m pip install --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.
   importlib_metadata zipp lazy-importer "hydra-core==1.3.8" "omegaconf==2.3.1" \
   "antlr4-python3-runtime==4.9.3" codetiming "ray==2.60.0" "msgpack==1.2.4"
 python -m pip install click jsonschema protobuf requests cloudpickle orjson pandas dill accelerate
+# speculators, whose loader the drafter-export tests check our EAGLE-3 exports with, also
+# without its dependencies (they pin torch <= 2.14.1 with torchvision and transformers <= 5.19,
+# which would replace both); openai is the one import it adds.
+python -m pip install --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "loguru==0.7.3"
+python -m pip install "openai>=2.0.0"

@@ -272,3 +272,22 @@ def test_the_newest_k_step_folders_are_kept(tmp_path, monkeypatch):
             write_checkpoint(directory, 2, {}, keep=keep)
     with pytest.raises(ValueError, match="step"):
         write_checkpoint(directory, -1, {})
+
+
+def test_every_safetensors_file_is_readable_by_all(tmp_path, target):
+    """safetensors writes a private temporary file and renames it (0600): the policy folder,
+    the drafter folder and the checkpoint tensors a person hands on come out 0644."""
+    import stat
+
+    from tlt_core.drafting.drafter import Drafter, DrafterConfig
+    from tlt_core.model.checkpoint import save_checkpoint
+
+    save_checkpoint(target, tmp_path / "policy")
+    Drafter(target, DrafterConfig()).save(tmp_path / "drafter")
+    checkpoint_io.write_state({"w": torch.ones(2)}, tmp_path / "state")
+    checkpoint_io.write_safetensors({"w": torch.ones(2)}, tmp_path / "one.safetensors")
+    files = [tmp_path / "one.safetensors", tmp_path / "state" / TENSORS_FILE,
+             *(tmp_path / "policy").glob("*.safetensors"),
+             *(tmp_path / "drafter").glob("*.safetensors")]
+    assert len(files) == 4
+    assert {stat.S_IMODE(path.stat().st_mode) for path in files} == {0o644}

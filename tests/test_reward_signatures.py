@@ -171,7 +171,7 @@ def test_the_driver_gives_trl_and_verl_rewards_the_data_rows():
         metrics = RLDriver(tiny_target(sharpen=2.0), prompts, reward,
                            lambda ids: " ".join(map(str, ids)), (), config).step()
         if reward is trl_share:
-            assert seen and seen[0] == ["7"] * 4 and metrics["reward_errors"] == 0
+            assert seen and seen[0] == ["7"] * 4 and metrics["train/reward_errors"] == 0
         else:
-            assert metrics["reward_errors"] == 4
+            assert metrics["train/reward_errors"] == 4
             assert "verl_raises: KeyError: 'toy'" in metrics["first_reward_error"]

@@ -54,7 +54,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
@@ -62,6 +62,7 @@ from tlt_core.model.kv_cache import CacheShape, KVCache, cache_dtype
 from tlt_core.model.packed import PackedLayers, plan_for, run_layers
 from tlt_core.model.transformer import DecoderLayer, Transformer
 from tlt_core.model.weight_layout import PackedMatrix
+from tlt_core.persistence.checkpoint_io import write_safetensors
 
 DRAFTER_CONFIG_FILE = "drafter_config.json"
 DRAFTER_WEIGHTS_FILE = "drafter.safetensors"
@@ -299,7 +300,7 @@ class Drafter(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
-        save_file(tensors, str(folder / DRAFTER_WEIGHTS_FILE))
+        write_safetensors(tensors, folder / DRAFTER_WEIGHTS_FILE)
         record = {"drafter": {"feature_layers": list(self.config.feature_layers),
                               "form": self.config.form,
                               "draft_vocab": self.config.draft_vocab,

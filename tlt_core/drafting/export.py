@@ -77,7 +77,6 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from tlt_core._version import __version__
@@ -86,6 +85,7 @@ from tlt_core.drafting.drafter import DRAFTER_CONFIG_FILE, Drafter, check_draft_
 from tlt_core.drafting.eagle3 import Eagle3Drafter
 from tlt_core.drafting.published import eagle1_drafter, load_published, read_weights
 from tlt_core.model.transformer import Transformer
+from tlt_core.persistence.checkpoint_io import FILE_MODE, write_safetensors
 
 EXPORT_FORMATS = ("eagle", "eagle3", "speculators")
 CONFIG_FILE = "config.json"
@@ -94,7 +94,6 @@ TOKEN_MAP_FILE = "speculative_token_map.pt"  # SGLang's --speculative-token-map
 PROVENANCE_FILE = "tlt_provenance.json"  # the eagle and eagle3 layouts' side file
 PROVENANCE_KEY = "tlt_provenance"  # the speculators layout's config.json key
 PROVENANCE_REQUIRED = ("rl_step", "acceptance_length")  # the caller's; None when unknown
-FILE_MODE = 0o644
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle"
 VLLM_ARCHITECTURE = "EagleLlamaForCausalLM"
 # EAGLE-1 entry classes: SGLang's (llama_eagle.py, qwen2_eagle.py: the same tensors, a Llama or
@@ -212,7 +211,7 @@ def export_drafter(drafter: Drafter | Eagle3Drafter, out: str | Path, to: str, p
         (folder / PROVENANCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
         written.append(PROVENANCE_FILE)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_safetensors(tensors, folder / WEIGHTS_FILE, {"format": "pt"})
     for name in written + [CONFIG_FILE, WEIGHTS_FILE]:
         os.chmod(folder / name, FILE_MODE)
     return folder

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from tlt_core.model.placement import DEVICES, resolve_placement
 from tlt_core.model.transformer import ModelConfig, Transformer, rope_inv_freq
 from tlt_core.model.weight_layout import physical_memory_bytes
+from tlt_core.persistence.checkpoint_io import write_safetensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -82,7 +82,7 @@ def save_checkpoint(model: Transformer, path: str | Path, *,
     if model.config.tie_word_embeddings:
         del state["lm_head.weight"]
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_safetensors(state, folder / WEIGHTS_FILE, {"format": "pt"})
 
 
 def _torch_dtype_and_device(dtype: torch.dtype | str, device: torch.device | str

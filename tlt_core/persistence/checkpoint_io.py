@@ -53,6 +53,7 @@ STATE_FILE = "state.json"
 TENSORS_FILE = "tensors.safetensors"
 STEP_PREFIX = "step-"
 TEMPORARY_MARK = ".tmp-"
+FILE_MODE = 0o644  # what write_safetensors leaves: readable by all, as a JSON file is
 _STEP_NAME = re.compile(rf"{STEP_PREFIX}(\d{{6,}})")
 _TAGS = ("__tensor__", "__tuple__", "__float__", "__bytes__", "__dict__")
 _FAILED_WRITE = "cannot write "
@@ -112,7 +113,7 @@ def write_state(state: dict, folder: str | Path) -> Path:
     encoded = _encode(state, (), store)  # refuses before anything is written
     with atomic_folder(folder) as temporary:
         try:
-            save_file(store.tensors, str(temporary / TENSORS_FILE), metadata={"format": "pt"})
+            write_safetensors(store.tensors, temporary / TENSORS_FILE, {"format": "pt"})
         except SafetensorError as error:  # how safetensors reports its I/O errors
             raise failed_write(folder, error) from error
         text = json.dumps({"format": FORMAT, "state": encoded}, allow_nan=False)
@@ -208,6 +209,15 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         _fsync(path.parent)
     except OSError as error:
         raise failed_write(path, error) from error
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path,
+                      metadata: dict[str, str] | None = None) -> None:
+    """tensors as a safetensors file at `path`, readable by all (mode FILE_MODE): safetensors
+    writes a private temporary file and renames it, which leaves the file 0600, and a folder
+    handed to a serving engine or another user must be readable as its JSON files are."""
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, FILE_MODE)
 
 
 def failed_write(path: str | Path, error: OSError | SafetensorError) -> OSError:
