@@ -80,6 +80,21 @@ def test_concurrent_greedy_requests_run_as_one_call_with_the_engines_plain_token
     assert without[0].log_probs is None and rollout.calls == 2
 
 
+def test_requests_that_trickle_in_are_collected_into_one_call(folders):
+    server, rollout = make_server(folders, drafter=False, strategy="plain", collect_s=0.05)
+
+    async def trickle():  # as the agent loop sends them: each after its own tokenization
+        tasks = []
+        for index, prompt in enumerate(PROMPTS):
+            tasks.append(asyncio.create_task(server.generate(prompt, dict(GREEDY), str(index))))
+            await asyncio.sleep(0.01)
+        return await asyncio.gather(*tasks)
+
+    outputs = asyncio.run(trickle())
+    assert rollout.calls == 1
+    assert [o.token_ids for o in outputs] == plain_greedy(rollout.target)
+
+
 def test_a_groups_samples_differ_and_their_logprobs_equal_the_targets_recomputation(folders):
     server, rollout = make_server(folders, strategy="suffix(4)", drafter=False)
     prompts = [p for p in PROMPTS for _ in range(3)]  # the agent loop's n=3 per prompt

@@ -5,10 +5,11 @@ server it launches (`TLTTokenServer`).
 veRL 0.9's PPO trainer generates through its agent loop: every sample is an async task that
 sends `generate(prompt_ids, sampling_params, request_id)` to a replica's server and awaits a
 TokenOutput (token_requests.py reads the request). The engine generates batches, so the server
-queues requests and, whenever no engine call is running, waits COLLECT_S for the agent loop's
-concurrent requests to arrive and runs every request waiting as one engine call (the engine
-admits rows as others finish, up to engine_kwargs.tlt.max_batch). Requests arriving during a
-call wait for the next one.
+queues requests and, whenever no engine call is running, collects the agent loop's concurrent
+requests (until none has arrived for COLLECT_S, at most MAX_COLLECT_S: the agent loop
+tokenizes each sample before sending it, so a batch's requests trickle in) and runs every
+request waiting as one engine call (the engine admits rows as others finish, up to
+engine_kwargs.tlt.max_batch). Requests arriving during a call wait for the next one.
 
 The model is not in the server. It stays in the TLTVerlRollout that veRL's worker builds, where
 veRL's weight sync already reaches it: the fused actor/rollout worker's `.rollout` in hybrid
@@ -46,7 +47,8 @@ from tlt_core.integrations.verl.rollout import KV_CACHE, TLTVerlRollout, model_t
 from tlt_core.integrations.verl.token_requests import (TokenRequest, TokenResult,
                                                        read_token_request)
 
-COLLECT_S = 0.005  # how long an idle server waits for a burst of requests to gather
+COLLECT_S = 0.01  # a pause in arrivals this long ends a batch's collection
+MAX_COLLECT_S = 0.25  # the longest a collection waits for more requests
 COMPLETED, ABORTED = "completed", "aborted"  # TokenOutput.stop_reason, as veRL's servers say
 
 
@@ -109,14 +111,14 @@ class TLTTokenServer:
 
     def __init__(self, config: Any, model_config: Any, rollout_mode: RolloutMode,
                  rollout: LocalRollout | WorkerRollout, replica_rank: int = 0,
-                 collect_s: float = COLLECT_S):
+                 collect_s: float = COLLECT_S, max_collect_s: float = MAX_COLLECT_S):
         self.config: RolloutConfig = omega_conf_to_dataclass(config, dataclass_type=RolloutConfig)
         model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.stop_ids, _ = model_token_ids(model_config)
         self.rollout_mode = rollout_mode
         self.rollout = rollout
         self.replica_rank = replica_rank
-        self.collect_s = collect_s
+        self.collect_s, self.max_collect_s = collect_s, max_collect_s
         self.waiting: list[_Waiting] = []
         self.batches: asyncio.Task | None = None  # the loop running engine calls, while any wait
         self.accepting = asyncio.Event()  # cleared by abort_all_requests
@@ -127,9 +129,9 @@ class TLTTokenServer:
                        request_id: str, image_data: Any = None, video_data: Any = None,
                        audio_data: Any = None, mm_processor_kwargs: Any = None) -> TokenOutput:
         """One agent-loop request's response tokens and, when sampling_params asks for
-        logprobs, their log-probabilities."""
-        given = {"image_data": image_data, "video_data": video_data, "audio_data": audio_data,
-                 "mm_processor_kwargs": mm_processor_kwargs}
+        logprobs, their log-probabilities. mm_processor_kwargs only configures how media are
+        processed, so without media it changes nothing."""
+        given = {"image_data": image_data, "video_data": video_data, "audio_data": audio_data}
         multimodal = sorted(name for name, value in given.items() if value is not None)
         if multimodal:
             raise ValueError(f"{', '.join(multimodal)}: the tlt rollout generates from token "
@@ -157,7 +159,7 @@ class TLTTokenServer:
         """Engine calls over what is waiting, until nothing is; each call's failure goes to
         its own requests."""
         while self.waiting:
-            await asyncio.sleep(self.collect_s)
+            await self._collect()
             batch = [w for w in self.waiting if not w.result.done()]  # done: aborted
             self.waiting = []
             if not batch:
@@ -172,6 +174,15 @@ class TLTTokenServer:
             for waiting, result in zip(batch, results):
                 if not waiting.result.done():  # the caller may have given up
                     waiting.result.set_result(result)
+
+    async def _collect(self) -> None:
+        """Returns once no request has arrived for collect_s, or after max_collect_s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_collect_s
+        seen = -1
+        while len(self.waiting) != seen and loop.time() < deadline:
+            seen = len(self.waiting)
+            await asyncio.sleep(min(self.collect_s, max(deadline - loop.time(), 0.0)))
 
     async def _drain(self) -> None:
         """Returns once no engine call is running or waiting to run."""
