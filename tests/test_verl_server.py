@@ -5,8 +5,10 @@ requests run as one engine call and each gets its own response; greedy tokens ar
 plain tokens; log-probs agree with the target's recomputation; sleep frees the engine and wake
 brings the same outputs back; an aborted request comes back empty and marked aborted; a request
 the server cannot honour gets an error naming the argument, and the others are served. The
-slow test runs the replica on a local Ray cluster, its server actor reaching the rollout on a
-worker actor, as in veRL's hybrid mode."""
+slow tests run the replica on a local Ray cluster, its server actor reaching the rollout on a
+worker actor as in veRL's hybrid mode: once driven directly, once by veRL's own agent loop
+(examples/verl_agent_loop_tlt.py, with SmolLM2; it skips without veRL's agent-loop
+dependencies cachetools, fastapi and uvicorn)."""
 
 from __future__ import annotations
 
@@ -264,3 +266,17 @@ def test_the_replica_on_a_local_ray_cluster_serves_from_the_workers_rollout(fold
                           timeout=300, env=env, cwd=root)
     assert done.returncode == 0 and "RAY HYBRID OK tlt_server_0" in done.stdout, (
         done.stdout[-3000:] + done.stderr[-3000:])
+
+
+@pytest.mark.slow
+def test_veRLs_own_agent_loop_generates_through_the_replica(smollm2_dir):
+    for name in ("cachetools", "fastapi", "uvicorn"):  # veRL's agent-loop modules import them
+        pytest.importorskip(name)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "examples" / "verl_agent_loop_tlt.py"),
+                           "--model", str(smollm2_dir), "--response-length", "8"],
+                          capture_output=True, text=True, timeout=600, cwd=root,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "'greedy_equal': True" in done.stdout
