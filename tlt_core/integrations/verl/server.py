@@ -110,14 +110,13 @@ class TLTTokenServer:
     runs it as a Ray actor; it is a plain class, so a test can drive it in-process."""
 
     def __init__(self, config: Any, model_config: Any, rollout_mode: RolloutMode,
-                 rollout: LocalRollout | WorkerRollout, replica_rank: int = 0,
-                 collect_s: float = COLLECT_S, max_collect_s: float = MAX_COLLECT_S):
+                 rollout: LocalRollout | WorkerRollout, collect_s: float = COLLECT_S,
+                 max_collect_s: float = MAX_COLLECT_S):
         self.config: RolloutConfig = omega_conf_to_dataclass(config, dataclass_type=RolloutConfig)
         model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.stop_ids, _ = model_token_ids(model_config)
         self.rollout_mode = rollout_mode
         self.rollout = rollout
-        self.replica_rank = replica_rank
         self.collect_s, self.max_collect_s = collect_s, max_collect_s
         self.waiting: list[_Waiting] = []
         self.batches: asyncio.Task | None = None  # the loop running engine calls, while any wait
@@ -243,8 +242,7 @@ class TLTReplica(RolloutReplica):
             name=name, max_concurrency=self.max_concurrency,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(config=self.config, model_config=self.model_config,
-                 rollout_mode=self.rollout_mode, rollout=WorkerRollout(worker),
-                 replica_rank=self.replica_rank)
+                 rollout_mode=self.rollout_mode, rollout=WorkerRollout(worker))
         self.servers = [server]
         self._server_handle = server
         self._server_address = name
