@@ -14,7 +14,7 @@
                                           # "sampled(4)", "suffix(8)"
             plans: ["(6,1,7)", "suffix(8)"]   # what "adaptive" chooses among (default: the
                                               # shipped plans and suffix(8))
-            max_batch: 64                 # cache rows (default: the first batch's rows)
+            max_batch: 64                 # cache rows (default: the largest batch's rows)
             device: auto                  # "auto" (cuda when there is one), "cpu", "cuda:0"
 """
 

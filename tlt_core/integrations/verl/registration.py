@@ -1,7 +1,13 @@
-"""The tlt rollout in veRL's rollout registry, so that `actor_rollout_ref.rollout.name: tlt`
-selects it (veRL 0.9: `verl.workers.rollout.base.get_rollout_class(name, mode)` looks
-(name, mode) up and imports the class it names; mode is "async", the only one veRL keeps). veRL offers no function to add to that registry: the
-module-level dict `_ROLLOUT_REGISTRY` is what get_rollout_class reads, so register() writes it.
+"""The tlt rollout in veRL's two registries, so that `actor_rollout_ref.rollout.name: tlt`
+selects it (veRL 0.9):
+
+- the rollout registry, read by `verl.workers.rollout.base.get_rollout_class(name, mode)` on
+  every rollout worker, which imports the class it names (mode is "async", the only one veRL
+  keeps): the TLTVerlRollout that holds the model. veRL offers no function to add to it: the
+  module-level dict `_ROLLOUT_REGISTRY` is what get_rollout_class reads, so register() writes
+  it.
+- `RolloutReplicaRegistry`, where veRL's agent loop (the PPO trainer's generation path) looks up
+  the server replica of the rollout's name: TLTReplica (server.py), loaded on first use.
 
 Importing this module registers: that is what veRL's plugin hooks do with a module, both the
 `verl.plugins` entry points it loads at `import verl` and VERL_USE_EXTERNAL_MODULES
@@ -16,12 +22,20 @@ ROLLOUT_MODE = "async"
 ROLLOUT_CLASS = "tlt_core.integrations.verl.rollout.TLTVerlRollout"
 
 
+def load_replica_class() -> type:
+    """TLTReplica; RolloutReplicaRegistry calls this when a trainer asks for "tlt"."""
+    from tlt_core.integrations.verl.server import TLTReplica
+
+    return TLTReplica
+
+
 def register() -> None:
-    """Adds (ROLLOUT_NAME, ROLLOUT_MODE) -> ROLLOUT_CLASS to veRL's rollout registry (again:
-    no change)."""
+    """Adds the tlt rollout to both registries (again: no change)."""
     from verl.workers.rollout import base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, ROLLOUT_MODE)] = ROLLOUT_CLASS
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, load_replica_class)
 
 
 register()

@@ -10,6 +10,8 @@ device_mesh=...)` on each rollout worker, and drives it through:
   meta_info and the config say, seeds (config.seed, call, group); the output holds veRL's
   response tensors and the input's non-tensor fields and meta_info, plus `metrics` in
   meta_info under tlt_core's `rollout/` and `spec/` names (docs/metrics.md).
+- `generate_token_requests(requests)`: the agent-loop requests a tlt server collected
+  (server.py, token_requests.py) as one engine call, equal prompts with equal params one group.
 - `update_weights(weights)`: the actor's (name, tensor) stream in Hugging Face naming, copied
   into the target in place (tlt_core.integrations.weights, the TRL adapter's mechanism); the
   drafter reads the target's embedding, norm and head, so it follows.
@@ -18,23 +20,22 @@ device_mesh=...)` on each rollout worker, and drives it through:
   The target and drafter weights stay where they are: `resume(tags=["weights"])` has nothing to
   restore (SGLang's sleep level 1 behaves the same).
 
-The engine is built at the first generation: max_batch = engine_kwargs.tlt.max_batch or that
-batch's rows (more rows queue: the engine batches continuously), max_len = the padded prompt
-width + response_length, rebuilt longer when a batch needs it. "adaptive" calibrates its
-policy then, on the weights of that moment (options.py has the settings).
+The engine is built at the first generation: max_batch = engine_kwargs.tlt.max_batch (more
+rows queue: the engine batches continuously) or, unset, the batch's rows, max_len = the longest
+prompt + response budget; it is rebuilt larger when a batch needs more (rows only while
+max_batch is unset). "adaptive" calibrates its policy at the first build, on the weights of
+that moment (options.py has the settings).
 
 Not supported (an error at construction): tensor / pipeline parallel rollout
 (tensor_model_parallel_size and pipeline_model_parallel_size must be 1), repetition_penalty
 != 1, LoRA adapters in update_weights (veRL's `lora.merge: true` sends merged weights, which
-work), wire_format "delta_flush". veRL 0.9's PPO trainer generates through its agent loop's
-server replicas (RolloutReplicaRegistry), for which there is no tlt replica: this backend serves
-`generate_sequences` callers and the worker-side weight and sleep calls.
+work), wire_format "delta_flush".
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Generator, Iterable
+from typing import Any, Generator, Iterable, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -47,9 +48,9 @@ from tlt_core.engine.hooks import Speculation
 from tlt_core.engine.records import Request, RolloutResult, SamplingParams
 from tlt_core.engine.sampling import sample_seed
 from tlt_core.integrations.engine_setup import calibrated_policy, default_plans, prompt_groups
-from tlt_core.integrations.verl.batch import (VerlSampling, read_prompts, read_sampling,
-                                              response_tensors)
+from tlt_core.integrations.verl.batch import read_prompts, read_sampling, response_tensors
 from tlt_core.integrations.verl.options import ADAPTIVE, TLTRolloutOptions
+from tlt_core.integrations.verl.token_requests import TokenRequest, TokenResult
 from tlt_core.integrations.weights import load_hf_weights
 from tlt_core.model.checkpoint import load_checkpoint
 
@@ -75,7 +76,7 @@ class TLTVerlRollout(BaseRollout):
         if self.drafter is None and any(p is not None and p.uses_drafter for p in plans):
             raise ValueError("engine_kwargs.tlt.drafter: the strategy's plans need a learned "
                              "drafter; give its folder, or use suffix(D) plans")
-        self.stop_ids, self.pad_token_id = _model_token_ids(self.model_config)
+        self.stop_ids, self.pad_token_id = model_token_ids(self.model_config)
         self.engine: RolloutEngine | None = None
         self.engine_config: EngineConfig | None = None  # the last engine's, kept while asleep
         self.policy: Speculation = self.options.fixed_plan()
@@ -90,13 +91,11 @@ class TLTVerlRollout(BaseRollout):
         batch = read_prompts(prompts.batch)
         sampling = read_sampling(prompts.meta_info, self.config, self.stop_ids,
                                  self.pad_token_id)
-        if not self.awake:
-            raise RuntimeError("generate_sequences: the rollout is asleep (release() was "
-                               "called); resume(tags=['kv_cache']) first")
-        need = max(map(len, batch.prompt_ids)) + sampling.response_length
-        self._ensure_engine(len(batch.prompt_ids), need, batch.prompt_ids, sampling)
-        result = self.engine.generate(self._requests(batch.prompt_ids, sampling), self.policy)
-        self.calls += 1
+        params = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k,
+                                top_p=sampling.top_p, max_tokens=sampling.response_length,
+                                stop_ids=sampling.stop_ids)
+        result = self._generate(prompt_groups(batch.prompt_ids), params.temperature,
+                                [params] * len(batch.prompt_ids), "generate_sequences")
         tensors = response_tensors(batch, [r.tokens for r in result.rollouts],
                                    [r.logprobs for r in result.rollouts],
                                    sampling.response_length, sampling.pad_token_id)
@@ -105,29 +104,64 @@ class TLTVerlRollout(BaseRollout):
         return DataProto(batch=TensorDict(tensors, batch_size=len(batch.prompt_ids)),
                          non_tensor_batch=dict(prompts.non_tensor_batch), meta_info=meta_info)
 
-    def _requests(self, prompt_ids: list[list[int]], sampling: VerlSampling) -> list[Request]:
-        params = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k,
-                                top_p=sampling.top_p, max_tokens=sampling.response_length,
-                                stop_ids=sampling.stop_ids)
-        return [Request(ids, replace(params, n=count,
-                                     seed=sample_seed(self.config.seed, self.calls, index)))
-                for index, (ids, count) in enumerate(prompt_groups(prompt_ids))]
+    def generate_token_requests(self, requests: Sequence[TokenRequest]) -> list[TokenResult]:
+        """The agent-loop requests a tlt server collected (server.py), as one engine call;
+        each one's result in the order given. Requests with equal prompts and params run as
+        one group (`Request(n=count)`), as the n samples of a GRPO prompt arrive."""
+        if not requests:
+            raise ValueError("requests: empty; the server sends at least one")
+        groups: dict[tuple, list[int]] = {}  # (prompt, params) -> positions in requests
+        for position, request in enumerate(requests):
+            groups.setdefault((request.prompt_ids, request.params), []).append(position)
+        result = self._generate([(prompt, len(positions))
+                                 for (prompt, _), positions in groups.items()],
+                                requests[0].params.temperature,
+                                [params for _, params in groups], "generate_token_requests")
+        positions = list(groups.values())
+        results: list[TokenResult | None] = [None] * len(requests)
+        for rollout in result.rollouts:
+            position = positions[rollout.request_index][rollout.sample_index]
+            results[position] = TokenResult(rollout.tokens.tolist(), rollout.logprobs.tolist(),
+                                            rollout.finish_reason, self.weights_step)
+        return results
 
-    def _ensure_engine(self, rows: int, need: int, prompt_ids: list[list[int]],
-                       sampling: VerlSampling) -> None:
-        """Builds the engine at the first call, and again, longer, when a batch needs it."""
-        if self.engine is not None and need <= self.engine.config.max_len:
+    def _generate(self, groups: list[tuple[tuple[int, ...], int]], temperature: float,
+                  params: list[SamplingParams], caller: str) -> RolloutResult:
+        """One engine call over (prompt, samples) groups, group i sampled with params[i] and
+        seeds (config.seed, call, i)."""
+        if not self.awake:
+            raise RuntimeError(f"{caller}: the rollout is asleep (release() was called); "
+                               "resume(tags=['kv_cache']) first")
+        prompts = [prompt for prompt, _ in groups]
+        need = max(len(prompt) + p.max_tokens for prompt, p in zip(prompts, params))
+        self._ensure_engine(sum(count for _, count in groups), need, prompts, temperature)
+        requests = [Request(prompt, replace(p, n=count,
+                                            seed=sample_seed(self.config.seed, self.calls, index)))
+                    for index, ((prompt, count), p) in enumerate(zip(groups, params))]
+        result = self.engine.generate(requests, self.policy)
+        self.calls += 1
+        return result
+
+    def _ensure_engine(self, rows: int, need: int, prompt_ids: list[tuple[int, ...]],
+                       temperature: float) -> None:
+        """Builds the engine at the first call, and again, larger, when a batch has more rows
+        than it holds (unless max_batch is set) or longer sequences."""
+        grow_rows = self.options.max_batch is None and self.engine is not None and \
+            rows > self.engine.config.max_batch
+        if self.engine is not None and need <= self.engine.config.max_len and not grow_rows:
             return
         if self.engine_config is None:
             self.engine_config = EngineConfig(max_batch=self.options.max_batch or rows,
                                               max_len=need, seed=self.config.seed)
-        self.engine_config = replace(self.engine_config,
+        max_batch = self.engine_config.max_batch
+        if self.options.max_batch is None:
+            max_batch = max(max_batch, rows)
+        self.engine_config = replace(self.engine_config, max_batch=max_batch,
                                      max_len=max(need, self.engine_config.max_len))
         self.engine = RolloutEngine(self.target, self.engine_config, self.drafter)
         if self.options.strategy == ADAPTIVE and self.policy is None:
             plans = self.options.adaptive_plans() or default_plans()
-            self.policy = calibrated_policy(self.engine, plans, prompt_ids,
-                                            sampling.temperature)
+            self.policy = calibrated_policy(self.engine, plans, prompt_ids, temperature)
 
     # ---- weights and sleep -----------------------------------------------------------------
 
@@ -147,13 +181,24 @@ class TLTVerlRollout(BaseRollout):
 
     async def release(self) -> None:
         """Sleep: frees the KV cache and the drafter's per-row state (the engine)."""
-        self.engine, self.awake = None, False
-        if self.target.lm_head.weight.is_cuda:
-            torch.cuda.empty_cache()
+        self.drop_engine()
 
     async def resume(self, tags: list[str]) -> None:
         """Wake: "kv_cache" rebuilds the engine at its last size; "weights" has nothing to
         restore (release() keeps them)."""
+        self.restore_engine(tags)
+
+    # The two steps of release / resume, callable where no event loop can await them: a tlt
+    # server runs them on the veRL worker that holds this rollout (server.py).
+
+    def drop_engine(self) -> None:
+        """release()'s step."""
+        self.engine, self.awake = None, False
+        if self.target.lm_head.weight.is_cuda:
+            torch.cuda.empty_cache()
+
+    def restore_engine(self, tags: Sequence[str]) -> None:
+        """resume(tags)'s step."""
         unknown = sorted(set(tags) - {WEIGHTS, KV_CACHE})
         if unknown:
             raise ValueError(f"tags: expected {WEIGHTS!r} and/or {KV_CACHE!r}, got {unknown}")
@@ -182,7 +227,7 @@ def rollout_metrics(result: RolloutResult) -> dict[str, float]:
     return metrics
 
 
-def _model_token_ids(model_config) -> tuple[tuple[int, ...], int]:
+def model_token_ids(model_config) -> tuple[tuple[int, ...], int]:
     """(stop ids, pad id) of the model: its generation config's eos ids, else its config's;
     pad: the config's pad id, else the first stop id, else 0 (pad positions are masked)."""
     sources = [getattr(model_config, "generation_config", None),
