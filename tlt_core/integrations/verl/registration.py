@@ -17,16 +17,19 @@ step, for a caller that imports it before building veRL's workers.
 
 from __future__ import annotations
 
+import importlib
+
 ROLLOUT_NAME = "tlt"
 ROLLOUT_MODE = "async"
 ROLLOUT_CLASS = "tlt_core.integrations.verl.rollout.TLTVerlRollout"
+# By path, as veRL names ROLLOUT_CLASS: server.py subclasses veRL's classes, and veRL imports
+# this module while `import verl` runs, so importing server.py here would be circular.
+REPLICA_MODULE, REPLICA_CLASS = "tlt_core.integrations.verl.server", "TLTReplica"
 
 
 def load_replica_class() -> type:
     """TLTReplica; RolloutReplicaRegistry calls this when a trainer asks for "tlt"."""
-    from tlt_core.integrations.verl.server import TLTReplica
-
-    return TLTReplica
+    return getattr(importlib.import_module(REPLICA_MODULE), REPLICA_CLASS)
 
 
 def register() -> None:
