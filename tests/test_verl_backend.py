@@ -260,6 +260,29 @@ def test_verls_external_module_hook_registers_the_backend_in_a_fresh_process():
     assert done.stdout.strip().splitlines()[-1] == "TLTVerlRollout"
 
 
+def test_the_installed_entry_point_registers_the_backend_at_import_verl():
+    """pyproject's `verl.plugins` entry point: an installed tlt_core is found by `import verl`
+    alone, with no environment variable."""
+    import os
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    if not any(e.name == "tlt" for e in entry_points(group="verl.plugins")):
+        pytest.skip("tlt_core is not installed (pip install -e .): no entry points")
+    code = ("import verl\n"
+            "from verl.workers.rollout.base import get_rollout_class\n"
+            "from verl.workers.rollout.replica import get_rollout_replica_class\n"
+            "print(get_rollout_class('tlt', 'async').__name__, "
+            "get_rollout_replica_class('tlt').__name__)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "TLTVerlRollout TLTReplica"
+
+
 def test_sampling_follows_meta_info_over_the_config_as_verls_rollouts_read_it():
     from tlt_core.integrations.verl import read_sampling
 
