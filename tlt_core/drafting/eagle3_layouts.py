@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from tlt_core.drafting.eagle3 import Eagle3Drafter
-from tlt_core.model.transformer import ARCHITECTURES
+from tlt_core.model.transformer import ARCHITECTURES, ModelConfig
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"  # what Eagle3DraftModel.save_pretrained records
@@ -66,10 +66,11 @@ def layouts_problem(drafter: Eagle3Drafter, layout: str) -> str | None:
     return None
 
 
-def layer_config(drafter: Eagle3Drafter) -> dict:
-    """The LlamaConfig dict of the drafter's own layer: its heads, widths, eps and RoPE, the
-    target's hidden size and vocabulary, one hidden layer."""
-    c = drafter.config.layer
+def llama_layer_config(c: ModelConfig, dtype: torch.dtype, *, attention_bias: bool) -> dict:
+    """The LlamaConfig dict of a drafter's one layer of shapes `c`: its heads, widths, eps and
+    RoPE (the servers build the layer's rotary embedding from these), one hidden layer, untied
+    (the servers swap in the target's embedding and head, which SGLang cannot do to a tied
+    pair)."""
     return {"model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
             "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
             "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
@@ -78,9 +79,15 @@ def layer_config(drafter: Eagle3Drafter) -> dict:
             "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
             "rope_theta": c.rope_theta,
             "rope_scaling": None if c.rope_scaling is None else dict(c.rope_scaling),
-            "max_position_embeddings": c.max_position_embeddings, "attention_bias": False,
-            "mlp_bias": False, "tie_word_embeddings": False,
-            "torch_dtype": str(drafter.fc.weight.dtype).removeprefix("torch.")}
+            "max_position_embeddings": c.max_position_embeddings,
+            "attention_bias": attention_bias, "mlp_bias": False, "tie_word_embeddings": False,
+            "torch_dtype": str(dtype).removeprefix("torch.")}
+
+
+def layer_config(drafter: Eagle3Drafter) -> dict:
+    """The EAGLE-3 drafter's own layer: its shapes, the target's hidden size and vocabulary."""
+    return llama_layer_config(drafter.config.layer, drafter.fc.weight.dtype,
+                              attention_bias=False)
 
 
 def vocab_maps(draft_to_target: torch.Tensor, vocab: int) -> dict[str, torch.Tensor]:

@@ -195,7 +195,9 @@ def export_drafter(drafter: Drafter | Eagle3Drafter, out: str | Path, to: str, p
     written = []
     if to == "eagle":
         config = {"architectures": [SGLANG_ARCHITECTURE, VLLM_ARCHITECTURE],
-                  **_llama_layer_config(drafter.target, dtype=drafter.fc.weight.dtype)}
+                  **eagle3_layouts.llama_layer_config(
+                      drafter.target.config, drafter.fc.weight.dtype,
+                      attention_bias=drafter.target.config.attention_bias)}
         tensors = _export_tensors(drafter)
         if drafter.draft_to_target is not None:
             torch.save(drafter.draft_to_target.detach().to("cpu", torch.int64),
@@ -323,20 +325,6 @@ def _token_map(folder: Path, target: Transformer) -> torch.Tensor | None:
                          f"{target.config.vocab_size})") from None
 
 
-def _llama_layer_config(target: Transformer, dtype: torch.dtype) -> dict:
-    """The LlamaConfig dict of the drafter's one layer: the target's shapes, RoPE and eps (the
-    servers build the layer's rotary embedding from these), one hidden layer, untied (the
-    servers swap in the target's embedding and head, which SGLang cannot do to a tied pair)."""
-    c = target.config
-    return {"model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
-            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
-            "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta,
-            "rope_scaling": None if c.rope_scaling is None else dict(c.rope_scaling),
-            "max_position_embeddings": c.max_position_embeddings,
-            "attention_bias": c.attention_bias, "mlp_bias": False, "tie_word_embeddings": False,
-            "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
 def _export_layout(config: dict) -> str | None:
