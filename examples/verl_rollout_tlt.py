@@ -48,14 +48,9 @@ def verl_batch(prompt_ids: list[list[int]], pad_id: int, eos_id: int, **meta_inf
     position_ids counting over each prompt, sampling options in meta_info."""
     from verl import DataProto
 
-    width = max(map(len, prompt_ids))
-    input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.int64)
-    mask = torch.zeros(len(prompt_ids), width, dtype=torch.int64)
-    for row, ids in enumerate(prompt_ids):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        mask[row, width - len(ids):] = 1
-    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask,
-                                "position_ids": (mask.cumsum(1) - 1).clamp(min=0)},
+    from tlt_core.integrations.verl import left_padded_prompts
+
+    return DataProto.from_dict(left_padded_prompts(prompt_ids, pad_id),
                                meta_info={"eos_token_id": eos_id, "pad_token_id": pad_id,
                                           **meta_info})
 

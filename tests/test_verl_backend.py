@@ -21,7 +21,7 @@ from verl.workers.rollout.base import get_rollout_class  # noqa: E402
 
 from tests.speculative_fixtures import tiny_target, train_drafter  # noqa: E402
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams  # noqa: E402
-from tlt_core.integrations.verl import registration  # noqa: E402
+from tlt_core.integrations.verl import left_padded_prompts, registration  # noqa: E402
 from tlt_core.integrations.verl.rollout import TLTVerlRollout  # noqa: E402
 from tlt_core.model.checkpoint import save_checkpoint  # noqa: E402
 
@@ -62,15 +62,7 @@ def make_rollout(folders, *, drafter=True, strategy="(3,1,4)", **config) -> TLTV
 def verl_batch(prompts=PROMPTS, **meta_info) -> DataProto:
     """Prompts as veRL's trainer hands them to a rollout: left-padded, position ids counting
     over each prompt, sampling options in meta_info."""
-    width = max(map(len, prompts))
-    input_ids = torch.full((len(prompts), width), PAD, dtype=torch.int64)
-    mask = torch.zeros(len(prompts), width, dtype=torch.int64)
-    for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        mask[row, width - len(ids):] = 1
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask,
-                                "position_ids": positions},
+    return DataProto.from_dict(left_padded_prompts(prompts, PAD),
                                non_tensors={"uid": [f"p{i}" for i in range(len(prompts))]},
                                meta_info={"eos_token_id": EOS, "pad_token_id": PAD,
                                           **meta_info})
@@ -301,3 +293,14 @@ def test_sampling_follows_meta_info_over_the_config_as_verls_rollouts_read_it():
     assert read_sampling({"do_sample": False}, config, (EOS,), PAD).temperature == 0.0
     ignore = RolloutConfig(name="tlt", tensor_model_parallel_size=1, ignore_eos=True)
     assert read_sampling({"eos_token_id": EOS}, ignore, (EOS,), PAD).stop_ids == ()
+
+
+def test_left_padded_prompts_are_what_read_prompts_reads_back():
+    from tlt_core.integrations.verl import read_prompts
+
+    tensors = left_padded_prompts([[5, 6, 7], [8]], PAD)
+    assert tensors["input_ids"].tolist() == [[5, 6, 7], [PAD, PAD, 8]]
+    assert tensors["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert read_prompts(tensors).prompt_ids == [[5, 6, 7], [8]]
+    with pytest.raises(ValueError, match="prompt_ids"):
+        left_padded_prompts([[5], []], PAD)

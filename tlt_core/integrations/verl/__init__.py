@@ -9,9 +9,10 @@ registries. Only rollout.py, server.py and registration.py import veRL, so this 
 without it.
 """
 
-from tlt_core.integrations.verl.batch import (PromptBatch, VerlSampling, read_prompts,
-                                              read_sampling, response_tensors)
+from tlt_core.integrations.verl.batch import (PromptBatch, VerlSampling, left_padded_prompts,
+                                              read_prompts, read_sampling, response_tensors)
 from tlt_core.integrations.verl.options import TLTRolloutOptions
 
-__all__ = ["PromptBatch", "TLTRolloutOptions", "VerlSampling", "read_prompts", "read_sampling",
+__all__ = ["PromptBatch", "TLTRolloutOptions", "VerlSampling", "left_padded_prompts",
+           "read_prompts", "read_sampling",
            "response_tensors"]

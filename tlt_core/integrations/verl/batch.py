@@ -93,6 +93,22 @@ def read_prompts(batch: Mapping[str, torch.Tensor] | None) -> PromptBatch:
     return PromptBatch(prompt_ids, input_ids, mask, positions)
 
 
+def left_padded_prompts(prompt_ids: Sequence[Sequence[int]], pad_id: int
+                        ) -> dict[str, torch.Tensor]:
+    """Prompts as veRL's trainer hands them to a rollout (what read_prompts reads): left-padded
+    `input_ids`, `attention_mask` and `position_ids` counting over each prompt."""
+    if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
+        raise ValueError("prompt_ids: need at least one prompt, each of at least one token")
+    width = max(map(len, prompt_ids))
+    input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros(len(prompt_ids), width, dtype=torch.int64)
+    for row, ids in enumerate(prompt_ids):
+        input_ids[row, width - len(ids):] = torch.tensor(list(ids), dtype=torch.int64)
+        mask[row, width - len(ids):] = 1
+    return {"input_ids": input_ids, "attention_mask": mask,
+            "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}
+
+
 def read_sampling(meta_info: Mapping[str, Any], config: Any,
                   default_stop_ids: Sequence[int], default_pad_id: int) -> VerlSampling:
     """The batch's sampling, as veRL's rollouts read it: meta_info over the rollout config
