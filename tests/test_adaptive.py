@@ -89,7 +89,7 @@ def _drive(policy, truth: Truth, lengths: list[int], choose=None) -> dict:
             emitted += take
         took = truth.seconds(plan, batch)
         seconds += took
-        trace.append((batch, PLAIN if plan is None else 1 + SYNTHETIC_PLANS.index(plan)))
+        trace.append((batch, PLAIN if plan is None else plan.key))
         if choose is None:
             policy.observe(StepOutcome(step, batch, 100, plan, emitted, took))
         step += 1
@@ -129,7 +129,7 @@ def test_sd_wins_where_it_is_faster():
     assert oracle_s(truth, lengths) < 0.95 * plain_s(truth, lengths)
     assert all(arm != PLAIN for batch, arm in run["trace"][-50:] if batch <= 2)
     large = [arm for batch, arm in run["trace"] if batch > 16]
-    assert sum(arm != PLAIN for arm in large) <= 0.1 * len(large)  # explorations only
+    assert sum(arm != PLAIN for arm in large) <= 0.15 * len(large)  # explorations only
 
 
 def test_a_wrong_calibration_is_reversed_online():
@@ -149,10 +149,24 @@ def test_a_wrong_calibration_is_reversed_online():
     truth = Truth(accept=shrinking, noise=0.1)
     policy = primed(truth, prior=lambda plan, batch:
                     truth.rate(plan, batch) * (1.0 if plan is None else 0.55))
-    runs = [_drive(policy, truth, lengths) for _ in range(3)]
+    runs = [_drive(policy, truth, lengths) for _ in range(4)]  # SD proves itself first
     assert runs[-1]["seconds"] <= 1.03 * oracle_s(Truth(accept=shrinking), lengths)
     tail = [arm for batch, arm in runs[-1]["trace"] if batch <= 2]
     assert sum(arm != PLAIN for arm in tail) >= 0.8 * len(tail)
+
+
+def test_a_favourable_prediction_alone_never_turns_sd_on():
+    """Calibration said every plan wins 1.5x; truth says each loses (0.63x). Unmeasured, an
+    SD plan runs only as a budgeted exploration, never as the call's mode: already the first
+    call stays within 3% of plain decoding, however many plans there are to try."""
+    plans = tuple(Strategy(depth, 1, depth + 1) for depth in range(2, 9))
+    truth = Truth(accept=1.1, cost=1.75, noise=0.1)
+    policy = AdaptivePolicy(plans, BUCKETS, predict=lambda batch, context, plan:
+                            batch / plain_step_s(batch) * (1.0 if plan is None else 1.5))
+    lengths = tail_lengths(seed=3)
+    run = _drive(policy, truth, lengths)
+    assert run["seconds"] <= 1.03 * plain_s(Truth(accept=1.1), lengths)
+    assert policy.stats.switches == 0
 
 
 def test_no_latch_when_the_off_point_is_at_max_batch():
@@ -167,7 +181,7 @@ def test_no_latch_when_the_off_point_is_at_max_batch():
     _drive(policy, truth, lengths)
     run = _drive(policy, truth, lengths)
     large = [arm for batch, arm in run["trace"] if batch > 16]  # SD loses there by >= 10%
-    assert sum(arm != PLAIN for arm in large) <= 0.05 * len(large)
+    assert sum(arm != PLAIN for arm in large) <= 0.1 * len(large)  # single explorations
     assert run["seconds"] <= 1.03 * oracle_s(truth, lengths)
 
 
@@ -178,17 +192,22 @@ def test_the_mode_resets_per_call_and_hysteresis_holds_within_one():
     assert run["trace"][-1][1] != PLAIN  # the call ended speculating, in the tail
     policy.start_call()
     assert policy.choose(64, 100) is None  # a new call at 64 rows: plain at once
-    # within a call, a mode change waits for `hysteresis` steps that prefer it
+    # within a call, SD turns off at once when measured confidently slower...
     policy.start_call()
     assert policy.choose(1, 100) is not None  # the call's first step: no wait
     switches, chosen = policy.stats.switches, []
-    for step in range(10):  # SD steps at 64 rows: one token per row at twice the cost
+    for step in range(3):  # SD steps at 64 rows: one token per row at twice the cost
         chosen.append(policy.choose(64, 100))
         policy.observe(StepOutcome(step, 64, 100, chosen[-1], 64,
                                    plain_step_s(64) * (1 if chosen[-1] is None else 2)))
-    assert all(plan is not None for plan in chosen[:7])  # plans may change, the mode not yet
     assert chosen[-1] is None
     assert policy.stats.switches == switches + 1
+    # ...and back on only after `hysteresis` steps whose evidence prefers it
+    for _ in range(policy.hysteresis - 1):  # (explorations may run SD meanwhile)
+        policy.choose(1, 100)
+    assert policy.stats.switches == switches + 1
+    assert policy.choose(1, 100) is not None
+    assert policy.stats.switches == switches + 2
 
 
 def test_bad_bucket_specs_and_tables_are_refused_by_name():

@@ -15,7 +15,8 @@ A cell where an arm has not run takes its ratio from the nearest group where it 
 cell's own first, then the larger batch bucket before the smaller): a calibration that is
 wrong is wrong alike in neighbouring cells (its requests are not the workload's), and a
 rollout's batch only falls, so a cell the loop enters for the first time starts from what the
-bucket above it taught (an arm that ran nowhere yet borrows plain decoding's ratio). The
+bucket above it taught. An SD arm that ran nowhere yet borrows the pooled ratio of the SD arms
+that ran (one drafter's acceptance, misjudged alike), else plain decoding's. The
 ratio counts as `prior_weight` steps; its spread is the per-step
 ratios' standard deviation, or `prior_spread` while fewer than two steps are measured.
 
@@ -101,16 +102,28 @@ class ArmTable:
         return sum(s for _, _, s in steps) / len(steps) if steps else None
 
     def group_ratio(self, cell: int, arm: int) -> float:
-        """Measured over predicted tokens in the nearest group where the arm ran; where it ran
-        nowhere, plain decoding's (arm 0: the machine is as much faster or slower than
+        """Measured over predicted tokens in the nearest group where the arm ran; for an SD
+        arm that ran nowhere, the SD arms' pooled (they share a drafter, so a calibration that
+        misjudged its acceptance misjudged it for all of them); for plain decoding, or when no
+        SD arm ran either, plain decoding's (the machine is as much faster or slower than
         predicted for every arm), else 1."""
-        group = cell // self.columns
-        for candidate in (arm, 0):
-            for distance in range(self.groups):
-                for near in (group + distance, group - distance) if distance else (group,):
-                    if 0 <= near < self.groups and self._predicted[near][candidate] > 0:
-                        return self._measured[near][candidate] / self._predicted[near][candidate]
+        sd_arms = range(1, self.arms) if arm else ()
+        for arms in ((arm,), sd_arms, (0,)):
+            ratio = self._nearest_ratio(cell // self.columns, arms)
+            if ratio is not None:
+                return ratio
         return 1.0
+
+    def _nearest_ratio(self, group: int, arms) -> float | None:
+        """The arms' pooled measured over predicted tokens in the nearest group where any of
+        them ran (the same distance: the larger batch bucket first); None where none ran."""
+        for distance in range(self.groups):
+            for near in (group + distance, group - distance) if distance else (group,):
+                if 0 <= near < self.groups:
+                    predicted = sum(self._predicted[near][a] for a in arms)
+                    if predicted > 0:
+                        return sum(self._measured[near][a] for a in arms) / predicted
+        return None
 
     def estimate(self, cell: int, arm: int, predicted_rate: float) -> Estimate:
         """The arm's rate at a step in `cell` whose prediction is `predicted_rate`."""

@@ -11,16 +11,20 @@ set the level, and overrule it. After each step the engine tells it the `StepOut
 goes into the table.
 
 Never worse by construction:
-- exploration is conservative: an arm other than the best is tried only while its upper
-  confidence bound beats the best arm's estimate, and only when the cell's exploration budget
-  covers the step's worst case: each step in a cell adds `tolerance` (3%) of its seconds to the
-  budget, each exploration spends what it lost against the best arm (the seconds it took minus
-  the seconds the best arm needs for the same tokens), and a drafter catch-up spends its
-  seconds. So within a call, what exploring costs in a cell stays within `tolerance` of the
-  time the cell took, and exploration dies out as the bounds tighten;
-- switching between plain and SD needs `hysteresis` consecutive steps that prefer the other
-  mode (switching plans within SD is free): turning SD on makes the drafter catch up on every
-  position committed while it was off (tlt_core.engine.DrafterRows), which that step pays;
+- the call's mode (plain or SD) follows evidence, not predictions: it turns to SD only once the
+  best SD arm's lower confidence bound has beaten plain decoding's estimate for `hysteresis`
+  consecutive steps (turning SD on makes the drafter catch up on every position committed
+  while it was off, tlt_core.engine.DrafterRows, which that step pays); it turns back at once
+  when the best SD arm's upper bound falls below plain's estimate, else after `hysteresis`
+  steps that prefer plain. Within SD the best plan runs (switching plans is free);
+- every other arm is an exploration: tried only while its upper confidence bound beats the
+  estimate of the arm the mode would run, and only when the cell's exploration budget covers
+  the step's worst case: each step in a cell adds `tolerance` (3%) of its seconds to the
+  budget, each exploration spends what it lost against that arm (the seconds it took minus
+  the seconds that arm needs for the same tokens), and a drafter catch-up spends its seconds.
+  So a favourable calibration alone can cost no more than the budget, what exploring costs in
+  a cell stays within `tolerance` of the time the cell took, and exploration dies out as the
+  bounds tighten;
 - per generate call (`start_call`): the mode and its hysteresis count. Carried across calls:
   the table, so one RL step's measurements are the next one's prior, and the exploration
   budgets, so a cell the tail visits for a few steps per call can still afford a trial.
@@ -85,7 +89,7 @@ class _Choice:
     cell: int
     arm: int
     explored: bool
-    best_rate: float  # the best arm's estimate when chosen (tokens / s)
+    best_rate: float  # the estimate of the arm the loop would have run (tokens / s)
     predicted: float  # the chosen arm's predicted rate at the step (tokens / s)
 
 
@@ -188,12 +192,13 @@ class AdaptivePolicy:
         predicted = [self.predict(batch, near, plan) for plan in self.arms]
         estimates = [self.table.estimate(cell, arm, predicted[arm])
                      for arm in range(len(self.arms))]
-        best = max(range(len(self.arms)), key=lambda arm: (estimates[arm].rate, -arm))
-        arm = self._explore(cell, estimates, best)
+        exploit = self._exploit(estimates)
+        arm = self._explore(cell, estimates, exploit)
         explored = arm is not None
         if arm is None:
-            arm = self._exploit(estimates, best)
-        self._chosen.append(_Choice(cell, arm, explored, estimates[best].rate, predicted[arm]))
+            arm = exploit
+        self._chosen.append(_Choice(cell, arm, explored, estimates[exploit].rate,
+                                    predicted[arm]))
         self.stats.explorations += explored
         if arm == PLAIN:
             self.stats.plain_steps += 1
@@ -221,43 +226,50 @@ class AdaptivePolicy:
 
     # ---- the decision ------------------------------------------------------------------------
 
-    def _explore(self, cell: int, estimates: list[Estimate], best: int) -> int | None:
-        """The arm worth measuring now, if any: the highest upper bound above the best arm's
-        estimate whose worst-case loss the cell's budget covers."""
-        best_rate = estimates[best].rate
-        if best_rate <= 0:
+    def _explore(self, cell: int, estimates: list[Estimate], exploit: int) -> int | None:
+        """The arm worth measuring now, if any: the highest upper bound above the estimate of
+        the arm the loop would run (`exploit`) whose worst-case loss the cell's budget
+        covers."""
+        exploit_rate = estimates[exploit].rate
+        if exploit_rate <= 0:
             return None
         bounds = [e.bound(self.confidence, self.table.prior_weight) for e in estimates]
         candidates = [arm for arm in range(len(self.arms))
-                      if arm != best and bounds[arm][1] > best_rate]
+                      if arm != exploit and bounds[arm][1] > exploit_rate]
         if not candidates:
             return None
         arm = max(candidates, key=lambda a: bounds[a][1])
-        best_step = self.table.mean_step_s(cell, best)
         step_s = self.table.mean_step_s(cell, arm)
         if step_s is None:
-            if best_step is None:
+            exploit_step = self.table.mean_step_s(cell, exploit)
+            if exploit_step is None:
                 return None  # nothing measured here yet: no basis for a worst case
-            step_s = UNMEASURED_STEP_FACTOR * best_step
-        worst_loss = step_s * max(0.0, 1.0 - max(bounds[arm][0], 0.0) / best_rate)
+            step_s = UNMEASURED_STEP_FACTOR * exploit_step
+        worst_loss = step_s * max(0.0, 1.0 - max(bounds[arm][0], 0.0) / exploit_rate)
         return arm if self._budget[cell] >= worst_loss else None
 
-    def _exploit(self, estimates: list[Estimate], best: int) -> int:
-        """The best arm, through the mode's hysteresis: the plain/SD mode follows the best arm
-        once it has preferred the other mode for `hysteresis` consecutive steps."""
-        wants_sd = best != PLAIN
+    def _exploit(self, estimates: list[Estimate]) -> int:
+        """The best arm within the call's mode. The mode turns to SD only on evidence: once the
+        best SD arm's lower confidence bound has beaten plain decoding's estimate for
+        `hysteresis` consecutive steps (the call's first step needs no wait); a prediction
+        alone, however favourable, is tried through exploration, which the budget bounds. It
+        turns back to plain at once when the best SD arm's upper bound falls below plain's
+        estimate, else after `hysteresis` steps whose estimates prefer plain."""
+        sd_best = max(range(1, len(self.arms)), key=lambda arm: (estimates[arm].rate, -arm))
+        lower, upper = estimates[sd_best].bound(self.confidence, self.table.prior_weight)
+        plain_rate = estimates[PLAIN].rate
         if self._sd is None:
-            self._sd = wants_sd
-        elif wants_sd != self._sd:
-            self._pending += 1
-            if self._pending >= self.hysteresis:
-                self._sd, self._pending = wants_sd, 0
-                self.stats.switches += 1
+            self._sd = lower > plain_rate
+        elif not self._sd:
+            self._pending = self._pending + 1 if lower > plain_rate else 0
+        elif upper < plain_rate:
+            self._pending = self.hysteresis
         else:
-            self._pending = 0
-        if not self._sd:
-            return PLAIN
-        return max(range(1, len(self.arms)), key=lambda arm: (estimates[arm].rate, -arm))
+            self._pending = self._pending + 1 if plain_rate > estimates[sd_best].rate else 0
+        if self._pending >= self.hysteresis:
+            self._sd, self._pending = not self._sd, 0
+            self.stats.switches += 1
+        return sd_best if self._sd else PLAIN
 
     # ---- reading and checkpoints -------------------------------------------------------------
 
