@@ -122,3 +122,35 @@ def test_the_rollout_json_round_trips_through_json(tmp_path):
     rows = _rows("m", "trace", runs, hindsight_oracle(runs, StepBuckets((1,), ())), PLAN)
     assert json.loads(json.dumps(rows)) == rows
     assert [r["mode"] for r in rows] == ["off", "always", "adaptive", "off_reseeded", "oracle"]
+
+
+def test_each_round_starts_with_the_next_mode(monkeypatch):
+    """Modes interleave round by round with the order rotating, so what running first (or
+    right after SD) costs falls on every mode in turn."""
+    import tlt_core.bench.rollout as rollout
+    from tlt_core.adaptive.cost_model import CostModel
+    from tlt_core.bench.rollout_file import RUN_MODES
+    from tlt_core.engine import EngineConfig
+
+    order: list[int] = []
+
+    class RecordingEngine:
+        made = 0
+
+        def __init__(self, target, config, drafter):
+            self.index, RecordingEngine.made = RecordingEngine.made, RecordingEngine.made + 1
+
+        def generate(self, requests, strategy):
+            order.append(self.index)
+            return self.index
+
+    monkeypatch.setattr(rollout, "RolloutEngine", RecordingEngine)
+    results = rollout._run_modes(None, None, EngineConfig(max_batch=4, max_len=8), [],
+                                 CostModel({}), (PLAN,), PLAN, rounds=3, progress=False,
+                                 desc="")
+    modes = len(RUN_MODES)
+    assert [order[r * modes] for r in range(4)] == [0, 1, 2, 3]  # engines in RUN_MODES order
+    assert all(sorted(order[r * modes:(r + 1) * modes]) == list(range(modes))
+               for r in range(4))
+    assert results == \
+        {mode: [index] * 3 for index, mode in enumerate(RUN_MODES)}  # round 0 unmeasured

@@ -23,10 +23,10 @@ Modes, each on its own engine over the same model and drafter:
   the time outside decode steps (admission, prefill) stays.
 One calibration (shared by the workloads; each measurement also with prompts stretched to the
 engine's longest context, so the cost model prices the long rows of the tail by a context slope
-measured that far), one unmeasured round of every mode, then `rounds`
-measured rounds with the modes interleaved, so machine noise hits them alike. A mode's
-`tok_s` is committed tokens / makespan, the median over rounds; `speedup_vs_off` is tok_s over
-SD off's: per token, so modes that sampled different lengths compare fairly.
+measured that far), one unmeasured round of every mode, then `rounds` measured rounds with the
+modes interleaved (each round starting with the next mode), so machine noise hits them alike.
+A mode's `tok_s` is committed tokens / makespan, the median over rounds; `speedup_vs_off` is
+tok_s over SD off's: per token, so modes that sampled different lengths compare fairly.
 
 The JSON keeps, per workload, the calibration (the simulator's input, as `save_calibration`
 writes it), the adaptive loop's plans (and the file they came from) and every measured run:
@@ -236,8 +236,8 @@ def _run_modes(target, drafter, config: EngineConfig, requests: list[Request], c
                plans: tuple[DraftPlan, ...], always: DraftPlan, rounds: int, progress: bool,
                desc: str, fallback_model: CostModel | None = None
                ) -> dict[str, list[RolloutResult]]:
-    """Every mode's measured results, modes interleaved round by round after one unmeasured
-    round; fallback_model: the adaptive loop's prediction where calibration timed nothing."""
+    """Every mode's measured results, modes interleaved round by round (the order rotating)
+    after one unmeasured round; fallback_model: the adaptive loop's prediction where calibration timed nothing."""
     engines = {mode: RolloutEngine(target, replace(config, seed=config.seed + 1)
                                    if mode == "off_reseeded" else config,
                                    None if mode.startswith("off") else drafter)
@@ -249,7 +249,10 @@ def _run_modes(target, drafter, config: EngineConfig, requests: list[Request], c
     bar = tqdm(total=(rounds + 1) * len(RUN_MODES), disable=not progress, unit="rollout",
                desc=desc)
     for round_index in range(rounds + 1):
-        for mode in RUN_MODES:
+        # each round starts with another mode: what running first or after SD costs (a warm
+        # cache, the allocator's state) falls on every mode in turn
+        shift = round_index % len(RUN_MODES)
+        for mode in RUN_MODES[shift:] + RUN_MODES[:shift]:
             result = engines[mode].generate(requests, strategies[mode])
             if round_index > 0:  # round 0 is not measured
                 results[mode].append(result)
