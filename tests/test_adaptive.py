@@ -223,6 +223,8 @@ def test_bad_bucket_specs_and_tables_are_refused_by_name():
         AdaptivePolicy(SYNTHETIC_PLANS, BUCKETS, ArmTable(7, 2, 2))
     with pytest.raises(ValueError, match="plans: duplicate"):
         AdaptivePolicy(SYNTHETIC_PLANS * 2, BUCKETS)
+    with pytest.raises(ValueError, match="plans: need at least one"):
+        AdaptivePolicy((), BUCKETS)
     assert StepBuckets.covering(6, (1, 2, 4, 8, 16)).batch_edges == (1, 2, 4, 8)
 
 

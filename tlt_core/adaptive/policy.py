@@ -99,6 +99,8 @@ class AdaptivePolicy:
                  tolerance: float = 0.03, confidence: float = 1.0,
                  cost_model: CostModel | None = None):
         self.plans = tuple(plans)
+        if not self.plans:
+            raise ValueError("plans: need at least one draft plan to adapt over")
         keys = [plan.key for plan in self.plans]
         if len(set(keys)) != len(keys):
             raise ValueError(f"plans: duplicate keys in {keys}")
