@@ -220,3 +220,20 @@ def test_long_context_calibration_runs_on_a_real_engine(target, drafter):
     assert set(model.context_slope) == set(model.rates)
     # the stretched prompts: 80 tokens, max_len - max_tokens = 88 leaves them whole
     assert all(80 < model.context_max[key] <= 88 for key in model.rates)
+
+
+def test_a_wide_context_fit_extrapolates_and_a_narrow_one_holds():
+    """A line through a stretched run (longest context >= EXTRAPOLATE_SPAN x the mean the rate
+    was measured at) prices longer contexts linearly, as attention reads them; one fitted
+    within a short run's few tokens is held at its longest context."""
+    from tlt_core.adaptive.cost_model import EXTRAPOLATE_SPAN, CostModel
+
+    def model(longest: float) -> CostModel:  # 0.01 s a step at context 100, +1e-5 s a token
+        return CostModel({(1, "plain"): 100.0}, context_slope={(1, "plain"): 1e-5},
+                         context_mean={(1, "plain"): 100.0},
+                         context_max={(1, "plain"): longest})
+
+    wide, narrow = model(EXTRAPOLATE_SPAN * 100), model(120)
+    assert wide.rate(1, None, 1100) == pytest.approx(1 / (0.01 + 1e-5 * 1000))
+    assert narrow.rate(1, None, 1100) == pytest.approx(1 / (0.01 + 1e-5 * 20))
+    assert wide.rate(1, None, 110) == narrow.rate(1, None, 110)  # within both fits: the line

@@ -56,6 +56,9 @@ from tlt_core.engine.hooks import StepOutcome
 from tlt_core.engine.records import Request
 
 PLAIN_KEY, SD_OFF_KEY = "plain", "off"
+# a context fit whose longest context is at least this many times the mean the rates were
+# measured at is extrapolated past it (CostModel.context_max)
+EXTRAPOLATE_SPAN = 2.0
 
 
 class _SdOff:
@@ -84,8 +87,10 @@ class CostModel:
     # at which `rates` were measured. Empty: context-independent.
     context_slope: dict[tuple[int, str], float] = field(default_factory=dict)
     context_mean: dict[tuple[int, str], float] = field(default_factory=dict)
-    # the longest context the fit saw: longer contexts are held at it (a line fitted over tens
-    # of tokens is not extrapolated to thousands)
+    # the longest context the fit saw. A line that spans little (its longest context under
+    # EXTRAPOLATE_SPAN x the mean the rates were measured at: one short run's tens of tokens)
+    # is held at it; a wider one (a stretched run's) is extrapolated, as attention's cost grows
+    # linearly with the context it reads
     context_max: dict[tuple[int, str], float] = field(default_factory=dict)
     # What a generate call of `batch` fresh rows costs outside its decode steps (prefill of the
     # target's and the drafter's caches, scheduling, collecting the results), per (batch, key):
@@ -127,7 +132,9 @@ class CostModel:
         if context is None or (batch, key) not in self.context_slope:
             return rate
         emitted = batch * self.acceptance.get(key, 1.0)
-        context = min(context, self.context_max.get((batch, key), context))
+        longest = self.context_max.get((batch, key), context)
+        if longest < EXTRAPOLATE_SPAN * self.context_mean[(batch, key)]:
+            context = min(context, longest)
         seconds = emitted / rate + self.context_slope[(batch, key)] * (
             context - self.context_mean[(batch, key)])
         return emitted / max(seconds, 0.1 * emitted / rate)  # a steep fit never goes below 10%
