@@ -169,6 +169,26 @@ def test_a_favourable_prediction_alone_never_turns_sd_on():
     assert policy.stats.switches == 0
 
 
+def test_sd_as_the_mode_measures_plain_first_in_each_cell():
+    """Where SD is the mode, each cell measures BASELINE_STEPS plain steps before speculating,
+    once (the table keeps them across calls): turning back to plain then compares two
+    measurements, not SD's against a borrowed guess."""
+    truth = Truth(accept=lambda batch: 4.0)  # SD 2.5x at every batch
+    policy = primed(truth)
+    chosen = []
+    for call in range(2):
+        policy.start_call()
+        for step, batch in enumerate((8, 8, 8, 8, 1, 1, 1)):
+            plan = policy.choose(batch, 100)
+            chosen.append(plan)
+            policy.observe(StepOutcome(step, batch, 100, plan,
+                                       round(batch * truth.tokens_per_row(plan, batch)),
+                                       truth.seconds(plan, batch)))
+    first, second = chosen[:7], chosen[7:]
+    assert [plan is None for plan in first] == [True, True, False, False, True, True, False]
+    assert all(plan is not None for plan in second)
+
+
 def test_no_latch_when_the_off_point_is_at_max_batch():
     """Calibration overestimated acceptance by 70%, so SD seemed to pay at every batch up to
     max_batch (an off point there); truth says only below 8 rows. The loop turns SD off at

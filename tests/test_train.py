@@ -10,6 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.speculative_fixtures import PROMPTS, VOCAB, tiny_target, train_drafter
+import tlt_core.adaptive.policy as policy_module
 from tlt_core.adaptive.policy import AdaptivePolicy
 from tlt_core.drafting.tree import Strategy
 from tlt_core.persistence.checkpoint_io import latest_checkpoint
@@ -96,14 +97,16 @@ def test_micro_batches_give_the_same_update():
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
 
 
-def test_tlt_rollout_logprobs_match_and_drafter_state_is_checkpointed(tmp_path):
+def test_tlt_rollout_logprobs_match_and_drafter_state_is_checkpointed(tmp_path, monkeypatch):
     target = tiny_target()  # sharp: the drafter is good, the watchdog keeps SD on
     drafter = train_drafter(target)
     trainer = RLDriver(target, toy_prompts(), toy_reward, detokenize, (),
                         small(tlt=True, steps=2, lr=1e-4), drafter=drafter)
-    # One plan, SD on at every step (plain predicted at no speed): the calibration and the
-    # loop choose by measured step times, which on a loaded machine can settle on plain
-    # decoding; what this test checks does not depend on that choice.
+    # One plan, SD on at every step (plain predicted at no speed, and never measured as the
+    # mode's baseline): the calibration and the loop choose by measured step times, which on
+    # a loaded machine can settle on plain decoding; what this test checks does not depend on
+    # that choice.
+    monkeypatch.setattr(policy_module, "BASELINE_STEPS", 0)
     trainer.adaptive = AdaptivePolicy((Strategy(6, 1, 7),), predict=lambda batch, context,
                                       plan: 1.0 if plan is not None else 1e-9)
     for _ in range(2):

@@ -17,6 +17,9 @@ Never worse by construction:
   while it was off, tlt_core.engine.DrafterRows, which that step pays); it turns back at once
   when the best SD arm's upper bound falls below plain's estimate, else after `hysteresis`
   steps that prefer plain. Within SD the best plan runs (switching plans is free);
+- while SD is the mode, plain decoding is measured first in every cell it speculates in
+  (BASELINE_STEPS steps, kept in the table across calls), so turning back compares two
+  measurements;
 - every other arm is an exploration: tried only while its upper confidence bound beats the
   estimate of the arm the mode would run, and only when the cell's exploration budget covers
   the step's worst case: each step in a cell adds `tolerance` (3%) of its seconds to the
@@ -60,6 +63,11 @@ DEFAULT_PLANS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(6, 1, 7), Strate
 PLAIN = 0  # the arm index of plain decoding
 UNMEASURED_STEP_FACTOR = 3.0  # an unmeasured arm's step, in the best arm's steps (worst case)
 CONTEXT_GRAIN = 16  # tokens of context a prediction is held for (a step's cost barely moves)
+# Plain steps a cell measures before SD runs there as the mode: without them plain decoding's
+# estimate in the cell is a prediction and a ratio borrowed from other batch sizes, and the
+# mode's switch back to plain would compare measured SD against a guess. Carried in the table,
+# so a cell pays them once, not per call.
+BASELINE_STEPS = 2
 
 # tokens per second of a plan (None: plain decoding) at a running batch and mean context
 Predict = Callable[[int, int, Optional[DraftPlan]], float]
@@ -235,6 +243,8 @@ class AdaptivePolicy:
         exploit_rate = estimates[exploit].rate
         if exploit_rate <= 0:
             return None
+        if exploit != PLAIN and self.table.steps(cell, PLAIN) < BASELINE_STEPS:
+            return PLAIN  # the mode's baseline, measured in every cell it speculates in
         bounds = [e.bound(self.confidence, self.table.prior_weight) for e in estimates]
         candidates = [arm for arm in range(len(self.arms))
                       if arm != exploit and bounds[arm][1] > exploit_rate]
