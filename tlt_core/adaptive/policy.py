@@ -97,7 +97,7 @@ class _Choice:
     cell: int
     arm: int
     explored: bool
-    best_rate: float  # the estimate of the arm the loop would have run (tokens / s)
+    exploit_rate: float  # the estimate of the arm the mode would have run (tokens / s)
     predicted: float  # the chosen arm's predicted rate at the step (tokens / s)
 
 
@@ -225,8 +225,8 @@ class AdaptivePolicy:
         if measured_s > 0:
             self.table.add(choice.cell, arm, outcome.emitted, measured_s, choice.predicted)
         budget = self.tolerance * outcome.seconds - outcome.catch_up_s
-        if choice.explored and choice.best_rate > 0:
-            budget -= measured_s - outcome.emitted / choice.best_rate
+        if choice.explored and choice.exploit_rate > 0:
+            budget -= measured_s - outcome.emitted / choice.exploit_rate
         # saved up to one worst-case trial: exploration spreads out instead of bursting after
         # a long quiet stretch (the budget carries from call to call)
         cap = UNMEASURED_STEP_FACTOR * (self.table.mean_step_s(choice.cell, arm)

@@ -237,7 +237,8 @@ def _run_modes(target, drafter, config: EngineConfig, requests: list[Request], c
                desc: str, fallback_model: CostModel | None = None
                ) -> dict[str, list[RolloutResult]]:
     """Every mode's measured results, modes interleaved round by round (the order rotating)
-    after one unmeasured round; fallback_model: the adaptive loop's prediction where calibration timed nothing."""
+    after one unmeasured round; fallback_model: the adaptive loop's prediction where
+    calibration timed nothing."""
     engines = {mode: RolloutEngine(target, replace(config, seed=config.seed + 1)
                                    if mode == "off_reseeded" else config,
                                    None if mode.startswith("off") else drafter)
