@@ -255,6 +255,9 @@ def test_a_work_record_without_unroll_belongs_to_a_teacher_forced_run(tmp_path):
     assert (work / "responses").is_dir()
     with pytest.raises(ValueError, match=r"other settings \(unroll\)"):
         claim_work_folder(work, replace(CONFIG, unroll=3), data, "sha")
+    # the matmuls' dtype changes neither the data nor the float32 state: a resume may change it
+    claim_work_folder(work, replace(CONFIG, matmul_dtype="bfloat16"), data, "sha")
+    assert (work / "responses").is_dir()
 
 
 @pytest.mark.parametrize("text, problem", [

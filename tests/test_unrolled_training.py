@@ -193,3 +193,32 @@ def test_training_on_its_own_outputs_drafts_deeper_levels_better():
     for level in ("top1_step2", "top1_step3"):
         assert unrolled[level] > forced[level] + 0.015, (level, forced, unrolled)
     assert unrolled_acceptance > forced_acceptance + 0.07
+
+
+def test_bf16_matmuls_train_float32_weights_to_nearly_the_float32_loss(target):
+    """train_step's matmul_dtype: the loss is the float32 one up to bf16 rounding, the weights
+    and AdamW's state stay float32, and a few steps learn as float32 steps do."""
+    batch = make_batch(collect_records(target, sequences((12, 7, 9)), (-1,)))
+    losses = {}
+    for dtype in (None, torch.bfloat16):
+        drafter = fresh_drafter(target)
+        optimizer = make_optimizer(drafter, 3e-3)
+        losses[dtype] = [train_step(drafter, optimizer, batch, matmul_dtype=dtype)["loss"]
+                         for _ in range(6)]
+        assert all(p.dtype == torch.float32 for p in drafter.parameters())
+        assert all(s.dtype == torch.float32 for state in optimizer.state.values()
+                   for s in state.values() if torch.is_tensor(s) and s.numel() > 1)
+    assert losses[torch.bfloat16][0] == pytest.approx(losses[None][0], rel=0.02)
+    assert losses[torch.bfloat16][-1] < 0.9 * losses[torch.bfloat16][0]
+    assert losses[torch.bfloat16][-1] == pytest.approx(losses[None][-1], rel=0.05)
+
+
+def test_the_matmul_dtype_follows_the_target_unless_told():
+    assert OfflineConfig().matmul_torch_dtype(torch.bfloat16) is torch.bfloat16
+    assert OfflineConfig().matmul_torch_dtype(torch.float32) is None
+    assert OfflineConfig().matmul_torch_dtype(torch.float16) is None
+    assert OfflineConfig(matmul_dtype="float32").matmul_torch_dtype(torch.bfloat16) is None
+    assert OfflineConfig(matmul_dtype="bfloat16").matmul_torch_dtype(torch.float32) \
+        is torch.bfloat16
+    with pytest.raises(ValueError, match="matmul_dtype: must be one of auto, float32, bfloat16"):
+        OfflineConfig(matmul_dtype="float16")

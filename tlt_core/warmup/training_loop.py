@@ -10,9 +10,10 @@ epoch's order is a function of the seed and the epoch alone. Checkpointed every
 `checkpoint_every` steps (`work/train/step-N/`: weights, optimizer and the history, a
 checkpoint_io folder), so an interrupted run resumes where it stopped with the same
 batches; a checkpoint that does not read back is reported, deleted, and training resumes from
-the one before, or from the start. The drafter trains in float32 against a float32 twin of the
-target (`float32_twin`: the same weights, widened exactly), whatever dtype the target decodes
-in, so that AdamW's small updates are not rounded away.
+the one before, or from the start. The drafter's weights train in float32 against a float32 twin of
+the target (`float32_twin`: the same weights, widened exactly), whatever dtype the target
+decodes in, so that AdamW's small updates are not rounded away; for a bf16 target the loss's
+matmuls run in bf16 under autocast by default (OfflineConfig.matmul_dtype).
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
                 first_step: int = 0, history: list[dict] | None = None,
                 after_step: Callable[[int, list[dict]], None] | None = None,
                 progress: bool = True, desc: str = "training the drafter",
-                unroll: int = 1) -> list[dict]:
+                unroll: int = 1, matmul_dtype: torch.dtype | None = None) -> list[dict]:
     """Steps `first_step` to `steps` - 1: each takes the next of `batches` at the learning rate
-    `lr_at(step)`, trains on the loss unrolled over `unroll` steps, and appends its metrics to
+    `lr_at(step)`, trains on the loss unrolled over `unroll` steps (its matmuls in
+    matmul_dtype: train_step's), and appends its metrics to
     `history` (returned); `after_step(steps done, history)` runs after each."""
     history = [] if history is None else history
     bar = tqdm(total=steps, initial=first_step, disable=not progress, unit="step", desc=desc)
@@ -69,7 +71,8 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
         batch = next(batches)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        metrics = train_step(drafter, optimizer, batch, unroll=unroll)
+        metrics = train_step(drafter, optimizer, batch, unroll=unroll,
+                             matmul_dtype=matmul_dtype)
         history.append(metrics)
         bar.update()
         deeper = {f"top1@{k}": f"{metrics[f'top1_step{k}']:.3f}" for k in range(2, unroll + 1)}
@@ -81,10 +84,12 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
 
 
 def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: list[int],
-                  directory: Path, config: OfflineConfig, progress: bool) -> list[dict]:
+                  directory: Path, config: OfflineConfig, progress: bool,
+                  target_dtype: torch.dtype = torch.float32) -> list[dict]:
     """AdamW steps on the EAGLE loss unrolled over config.unroll drafting steps, over response
     positions; resumes from the newest step checkpoint in `directory` that reads back (a damaged
-    one is reported and deleted). Returns every step's metrics (resumed steps' included)."""
+    one is reported and deleted); its matmuls in the dtype config chooses for a target
+    decoding in target_dtype. Returns every step's metrics (resumed steps' included)."""
     optimizer, step, history = _resume(drafter, directory, config)
     device = drafter.fc.weight.device
     batches = (_float_batch(batch, device)
@@ -100,7 +105,8 @@ def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: 
                               warmup_steps=config.warmup, scheduler="cosine", min_lr_ratio=0.1)
     return train_steps(drafter, optimizer, batches, steps=config.steps, lr_at=lr_at,
                        first_step=step, history=history, after_step=checkpoint,
-                       progress=progress, unroll=config.unroll)
+                       progress=progress, unroll=config.unroll,
+                       matmul_dtype=config.matmul_torch_dtype(target_dtype))
 
 
 def _resume(drafter: Drafter, directory: Path, config: OfflineConfig

@@ -2,8 +2,9 @@
 and which a crash, a full disk or a hand may damage.
 
 `work/run.json` records the settings, the prompts' hash and the target's a folder belongs to
-(`claim_work_folder`): a resumed run with other settings is refused, naming them (`steps` and
-`checkpoint_every` may change); a record that is damaged or foreign, or missing beside shards
+(`claim_work_folder`): a resumed run with other settings is refused, naming them (`steps`,
+`checkpoint_every` and `matmul_dtype` may change: none changes the data or the drafter's float32
+state); a record that is damaged or foreign, or missing beside shards
 and checkpoints, starts the folder afresh (nothing vouches for their settings any more). The
 record is written atomically (tlt_core.persistence.checkpoint_io.atomic_file). `discard`
 deletes an entry found damaged, so that its phase builds it again.
@@ -36,11 +37,12 @@ def claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int
     """Records what this run's work folder holds (the settings, the prompts' hash and the
     target's), or checks that an earlier run's matches: resuming with other settings, or for
     another target, would mix two runs' data.
-    `steps` and `checkpoint_every` may change (a resumed run may train longer). A record that is
+    `steps`, `checkpoint_every` and `matmul_dtype` may change (a resumed run may train longer,
+    or its matmuls in another dtype). A record that is
     damaged or foreign, or missing beside shards and checkpoints, starts the folder afresh."""
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
     mine = {**asdict(config), "prompts_sha256": digest, "target_sha256": weights_sha256}
-    for free in ("steps", "checkpoint_every"):
+    for free in ("steps", "checkpoint_every", "matmul_dtype"):
         mine.pop(free)
     mine = json.loads(json.dumps(mine))  # tuples as lists, as read back
     path = work / WORK_RECORD
