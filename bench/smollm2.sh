@@ -70,10 +70,12 @@ for stage in "${STAGES[@]}"; do
         --json "$RESULTS/simulate_rollout_smollm2_bf16_cpu.json" ;;
     train)
       # 32 engine rows a run: the three runs' float32 KV caches (1.7 GB each at 1,024-token
-      # responses) and optimizer states fit in 24 GB; 64 rows ran out of memory
+      # responses) and optimizer states fit in 24 GB; 64 rows ran out of memory. TLT's
+      # calibration is kept in runs/calibration-cache: the stage's first run on a machine
+      # calibrates (its step 0 pays it), later ones read it
       tlt bench train "${COMMON[@]}" --workload trace --steps 4 --prompts-per-step 16 \
         --samples-per-prompt 8 --max-new-tokens 1024 --max-batch 32 --sampled-drafts \
-        --json "$RESULTS/train_smollm2_bf16_cpu.json" ;;
+        --calibration-cache runs/calibration-cache --json "$RESULTS/train_smollm2_bf16_cpu.json" ;;
     drafter_bench)
       tlt bench drafter "${COMMON[@]}" --json "$RESULTS/drafter_smollm2_bf16_cpu.json" ;;
     simulate)

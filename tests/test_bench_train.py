@@ -52,6 +52,7 @@ def test_trace_lengths_are_exact_equal_across_runs_and_calibration_is_in_step_ze
         assert emitted + len(drawn) == row["tokens"]  # each first token comes from prefill
         if run.startswith("off"):
             assert {r[TRACE_COLUMNS.index("arm")] for r in trace_rows} == {"plain"}
+        assert row["calibration_cached"] is False
         if (run, step) == ("tlt", 0):  # the adaptive loop calibrated for this step
             assert row["calibration_s"] > 0
             assert row["rollout_s"] > row["calibration_s"]
@@ -103,6 +104,7 @@ def test_per_token_summary_from_hand_made_rows():
     }
     rows = [{"run": run, "step": step, "tokens": tokens, "step_s": step_s,
              "rollout_s": rollout_s, "train_s": step_s - rollout_s, "calibration_s": 0.0,
+             "calibration_cached": False,
              "tok_s": tokens / step_s, "rollout_tok_s": tokens / rollout_s,
              "reward": 0.5, "logprob_gap": 0.0, "response_lengths": [tokens // 2] * 2}
             for run, per_step in steps.items() for step, (tokens, step_s, rollout_s)
@@ -118,6 +120,8 @@ def test_per_token_summary_from_hand_made_rows():
     assert summary["speedup"] == pytest.approx(2.5)  # per-step time: 10 s / 4 s
     assert summary["rollout_speedup"] == pytest.approx(4.0)
     assert summary["calibration_s"] == {"tlt": 0.25, "off": 0.0, "off_seed2": 0.0}
+    assert summary["speedup_per_token_after_calibration"] == pytest.approx(400 / 3.75 / 50)
+    assert summary["calibration_cached"] is False
     table = bench_train.format_table({"model": "hand-made", "workload": {"name": "natural"},
                                       "rows": rows, "summary": summary})
     assert "per token: TLT 2.00x SD off end to end (3.20x on the rollout)" in table

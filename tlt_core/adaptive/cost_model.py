@@ -96,6 +96,9 @@ class CostModel:
     # target's and the drafter's caches, scheduling, collecting the results), per (batch, key):
     # its wall time minus the steps the observe hook timed. Empty: none.
     admission_s: dict[tuple[int, str], float] = field(default_factory=dict)
+    # the CalibrationCache entry this model was read from (tlt_core.adaptive.calibration_cache);
+    # None: measured by this process
+    cached_from: str | None = None
 
     @property
     def batches(self) -> list[int]:

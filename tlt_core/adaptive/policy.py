@@ -47,6 +47,7 @@ from typing import Callable, Optional, Sequence
 
 from tlt_core.adaptive.arm_table import ArmTable, Estimate
 from tlt_core.adaptive.buckets import DEFAULT_BATCH_EDGES, DEFAULT_CONTEXT_EDGES, StepBuckets
+from tlt_core.adaptive.calibration_cache import CalibrationCache
 from tlt_core.adaptive.cost_model import CostModel, calibrate
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.sampled_chain import SampledChain
@@ -141,11 +142,13 @@ class AdaptivePolicy:
                          context_edges: Sequence[int] = DEFAULT_CONTEXT_EDGES,
                          window: int = 32, prior_weight: float = 2.0, hysteresis: int = 8,
                          tolerance: float = 0.03, max_tokens: int = 16,
-                         fallback_model: CostModel | None = None) -> AdaptivePolicy:
+                         fallback_model: CostModel | None = None,
+                         cache: CalibrationCache | None = None) -> AdaptivePolicy:
         """Calibrates engine's step costs (CostModel) on calibration_requests at every other
         batch edge up to max_batch, and builds the policy on them (from_cost_model): the cost
         model predicts each arm's rate at a step's batch and context, fallback_model where
-        calibration timed no batch."""
+        calibration timed no batch. cache: read the calibration from there when an earlier
+        run stored this one, else store it there."""
         plans = tuple(plans)
         if not plans:
             raise ValueError("plans: need at least one draft plan to adapt over")
@@ -159,7 +162,8 @@ class AdaptivePolicy:
         edges = [min(edge, max_batch) for edge in batch_edges if edge < max_batch] + [max_batch]
         # calibrate at every other edge and the largest (rates are interpolated between)
         measured = sorted(set(edges[::2]) | {max_batch})
-        model = calibrate(engine, plans, measured, calibration_requests, max_tokens=max_tokens)
+        model = (cache.calibrate if cache is not None else calibrate)(
+            engine, plans, measured, calibration_requests, max_tokens=max_tokens)
         return cls.from_cost_model(model, plans, max_batch, batch_edges=batch_edges,
                                    context_edges=context_edges, window=window,
                                    prior_weight=prior_weight, hysteresis=hysteresis,

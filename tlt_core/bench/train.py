@@ -18,7 +18,9 @@ Workloads (`--workload`):
   sample), and the runs differ by their step rates alone.
 
 The adaptive loop calibrates when the TLT run starts; its seconds count in TLT's step 0
-(`calibration_s`, inside that step's step_s and rollout_s).
+(`calibration_s`, inside that step's step_s and rollout_s). With `--calibration-cache` a
+calibration an earlier run stored is read instead (`calibration_cached` in the rows), and
+step 0 pays the reading.
 
 Rows, per step and run: step_s, rollout_s, train_s, calibration_s, reward, acceptance, `tokens`
 (response tokens committed in the step, every rank's, stop tokens included), `tok_s` (tokens /
@@ -31,6 +33,9 @@ Summary, each rate summed over the steps (total tokens / total seconds):
 - `noise_per_token` / `rollout_noise_per_token`: SD off reseeded over SD off, the same ratios
   between two runs that differ by seed alone: a speedup is real only as far as it stands out
   from their distance to 1;
+- `speedup_per_token_after_calibration`: the per-token ratio with TLT's calibration seconds
+  left out: what a run long enough to amortise them would see, or one reading its calibration
+  from a cache;
 - `speedup` / `rollout_speedup`: per-step time ratios, SD-off time over TLT time for the same
   steps (equal to the per-token ratios when the runs decode the same tokens);
 - `reward_gap` (mean |reward_TLT - reward_off| per step) and `reward_noise` (the same between
@@ -87,6 +92,11 @@ class TrainOptions(TraceOptions):
                                      "file: of its rows at the runs' temperature (T = 1), the "
                                      "plan with the highest speedup at each batch size it "
                                      "measured (none: the built-in plans)", None, metavar="FILE")
+    calibration_cache: Path | None = option("TLT reads its calibration from this folder when an "
+                                            "earlier run on this machine stored the same one "
+                                            "(`tlt train --calibration-cache`), else stores it "
+                                            "there; the rows say which (none: TLT calibrates)",
+                                            None, metavar="DIR")
     no_progress: bool = option("no progress bars", False)
 
     def __post_init__(self):
@@ -103,7 +113,8 @@ class TrainOptions(TraceOptions):
                                                          "max_new_tokens", "max_batch")
                  if getattr(self, name) is not None}
         return TrainConfig(steps=self.steps, sampled_drafts=self.sampled_drafts,
-                           plans_from=self.plans_from, **sizes)
+                           plans_from=self.plans_from, calibration_cache=self.calibration_cache,
+                           **sizes)
 
 
 CLI_OPTIONS = (TrainOptions, ModelOptions)
@@ -175,6 +186,7 @@ def _row(label: str, run_name: str, m: dict) -> dict:
     return {"model": label, "run": run_name, "step": m["step"],
             "step_s": m["train/step_s"], "rollout_s": m["rollout/time_s"],
             "train_s": m["train/update_s"], "calibration_s": m["rollout/calibration_s"],
+            "calibration_cached": bool(m["rollout/calibration_cached"]),
             "tokens": tokens, "tok_s": tokens / m["train/step_s"],
             "rollout_tok_s": tokens / m["rollout/time_s"],
             "reward": m["train/reward"], "acceptance_length": m["spec/acceptance_length"],
@@ -202,7 +214,10 @@ def summarize(rows: list[dict]) -> dict:
     tokens = {run: sum(of(run, "tokens")) for run in names}
     tok_s = {run: tokens[run] / time[run] for run in names}
     rollout_tok_s = {run: tokens[run] / rollout[run] for run in names}
+    calibration = {run: sum(of(run, "calibration_s")) for run in names}
+    after_calibration = tokens["tlt"] / (time["tlt"] - calibration["tlt"])
     return {"speedup_per_token": tok_s["tlt"] / tok_s["off"],
+            "speedup_per_token_after_calibration": after_calibration / tok_s["off"],
             "rollout_speedup_per_token": rollout_tok_s["tlt"] / rollout_tok_s["off"],
             "noise_per_token": tok_s["off_seed2"] / tok_s["off"],
             "rollout_noise_per_token": rollout_tok_s["off_seed2"] / rollout_tok_s["off"],
@@ -211,7 +226,8 @@ def summarize(rows: list[dict]) -> dict:
             "reward_gap": gap("tlt", "off"), "reward_noise": gap("off_seed2", "off"),
             "tokens": tokens, "tok_s": tok_s, "rollout_tok_s": rollout_tok_s,
             "time_s": time, "rollout_s": rollout,
-            "calibration_s": {run: sum(of(run, "calibration_s")) for run in names},
+            "calibration_s": calibration,
+            "calibration_cached": any(r["calibration_cached"] for r in rows),
             "rollout_share_off": rollout["off"] / time["off"],
             "response_lengths": {run: tail_shape([n for lengths in of(run, "response_lengths")
                                                   for n in lengths]) for run in names},
@@ -245,6 +261,8 @@ def format_table(result: dict) -> str:
         f"over SD off: {s['noise_per_token']:.2f}x ({s['rollout_noise_per_token']:.2f}x)",
         f"per-step time: TLT {s['speedup']:.2f}x SD off end to end ({s['rollout_speedup']:.2f}x "
         f"on the rollout; rollout is {100 * s['rollout_share_off']:.0f}% of an SD-off step); "
-        f"TLT's step 0 includes {s['calibration_s']['tlt']:.1f} s of calibration",
+        f"TLT's step 0 includes {s['calibration_s']['tlt']:.1f} s of calibration"
+        + (" (read from the cache)" if s["calibration_cached"] else "")
+        + f"; without it, TLT {s['speedup_per_token_after_calibration']:.2f}x per token",
         f"reward gap {s['reward_gap']:.3f} vs noise {s['reward_noise']:.3f}"]
     return "\n".join(lines)

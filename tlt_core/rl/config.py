@@ -107,6 +107,11 @@ class TrainConfig:
                                      "batch size it measured; its rates predict where "
                                      "calibration timed nothing (none: the built-in plans, "
                                      "with --sampled-drafts' chains)", None, metavar="FILE")
+    calibration_cache: Path | None = option("a folder of cached calibrations: a run whose model "
+                                            "shape, dtype, drafter form, plans, engine settings, "
+                                            "calibration prompts and machine match an earlier "
+                                            "run's reads its cost model instead of calibrating "
+                                            "(none: calibrate every run)", None, metavar="DIR")
     # The log-probs PPO's ratio divides by: "rollout" (the engine's, free; exact in float32),
     # "recompute" (the trainer's own pass before the update, as veRL does), "auto" (recompute
     # when the policy is not float32: in bf16 the engine's fused inference pass and the

@@ -74,6 +74,7 @@ from typing import Callable, Sequence
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from tlt_core.adaptive.calibration_cache import CalibrationCache
 from tlt_core.adaptive.measured_plans import MeasuredPlans, measured_plans
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
 from tlt_core.drafting.drafter import Drafter
@@ -206,9 +207,13 @@ class RLDriver:
                                     for i, p in enumerate(calibration or self.prompts[:4])]
             self.adaptive = AdaptivePolicy.from_calibration(
                 self.engine, plans, calibration_requests,
-                fallback_model=measured.cost_model(plans) if measured else None)
-        # calibration runs for the first step: its seconds are that step's
+                fallback_model=measured.cost_model(plans) if measured else None,
+                cache=(CalibrationCache(config.calibration_cache)
+                       if config.calibration_cache is not None else None))
+        # calibration runs for the first step: its seconds (a cached one's: reading it) are
+        # that step's
         self._calibration_s = self.adaptive.cost_model.calibration_s if self.adaptive else 0.0
+        self._calibration_cached = bool(self.adaptive and self.adaptive.cost_model.cached_from)
         self.state = TrainState()
 
     # ---- one step ----------------------------------------------------------------------------
@@ -250,6 +255,7 @@ class RLDriver:
             "train/reward_std": float(scores.std(unbiased=False)),
             "train/step_s": step_s, "rollout/time_s": rollout_s, "train/update_s": train_s,
             "rollout/calibration_s": calibration_s,
+            "rollout/calibration_cached": float(self._calibration_cached and step == 0),
             "rollout/time_share": rollout_s / step_s,
             "rollout/tail_s": sum(seconds_at_or_below(r.trace_time_s, r.trace_running,
                                               TAIL_FRACTION * max(r.trace_running, default=0))

@@ -146,7 +146,9 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
     seconds["held_out"] = time.perf_counter() - start
     provenance.update(held_out_prompts=len(held_out), held_out_acceptance=acceptance,
                       held_out_by_position=by_position,
-                      acceptance_length=acceptance[HEADLINE[0]][HEADLINE[1]])
+                      acceptance_length=acceptance[HEADLINE[0]][HEADLINE[1]],
+                      # this process's seconds per phase (a resumed phase: what was left of it)
+                      phase_seconds={phase: round(s, 1) for phase, s in seconds.items()})
     served.save(folder, metadata=provenance)
     return OfflineReport(str(folder), len(train_prompts), len(held_out), len(records),
                          response_tokens, drafter_config.draft_vocab, len(history),
