@@ -6,10 +6,13 @@ one model: the evidence behind tlt_core.model.weight_layout and kv_cache.cache_d
 1. layouts: greedy decoding tokens/s of the engine with each weight layout that applies to the
    dtype (views: the parameters through F.linear; onednn: prepacked once; fold: float32 only),
    the layouts alternating rep by rep, best of --reps;
-2. attention at decoding shapes (the model's heads, one query per row, --context cache slots):
+2. the bf16 RMSNorm kernel (tlt_core.ops.add_rms_norm, with the residual add before it) against
+   PyTorch's ops (packed.RMS_NORM_KERNEL off), greedy decoding tok/s alternating rep by rep,
+   best of --reps, and how many rows decode the same tokens both ways (bf16 ties may flip);
+3. attention at decoding shapes (the model's heads, one query per row, --context cache slots):
    the fused kernel in the weights' dtype against float32, and the first call of a bf16/fp16
    batched matmul at each new cache length (a kernel compiled per shape) against a repeat;
-3. a torch.profiler table of one generate call with the automatic layout.
+4. a torch.profiler table of one generate call with the automatic layout.
 Without --model it runs the embedded model (float32).
 """
 
@@ -22,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import profile
 
+import tlt_core.model.packed as packed
 from tlt_core.embedded.workload import load_embedded
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
@@ -55,6 +59,31 @@ def layouts(model, batches: list[int], new_tokens: int, reps: int) -> None:
         model.inference_layout = "auto"
         rates = "  ".join(f"{name} {batch * new_tokens / s:7.1f} tok/s" for name, s in best.items())
         print(f"layouts, batch {batch:>3}: {rates}")
+
+
+def norm_kernel(model, batches: list[int], new_tokens: int, reps: int) -> None:
+    if model.lm_head.weight.dtype != torch.bfloat16:
+        return  # the kernel is for bf16 models
+    vocab = model.config.vocab_size
+    for batch in batches:
+        prompts = torch.randint(3, vocab, (batch, 16), generator=torch.Generator().manual_seed(1))
+        requests = [Request(row.tolist(), SamplingParams(temperature=0.0, max_tokens=new_tokens))
+                    for row in prompts]
+        engine = RolloutEngine(model, EngineConfig(max_batch=batch, max_len=16 + new_tokens))
+        engine.generate(requests[:1])
+        best, tokens = {True: float("inf"), False: float("inf")}, {}
+        for _ in range(reps):
+            for kernel in (True, False):
+                packed.RMS_NORM_KERNEL = kernel
+                start = time.perf_counter()
+                result = engine.generate(requests)
+                best[kernel] = min(best[kernel], time.perf_counter() - start)
+                tokens[kernel] = [r.tokens.tolist() for r in result.rollouts]
+        packed.RMS_NORM_KERNEL = True
+        same = sum(a == b for a, b in zip(tokens[True], tokens[False]))
+        print(f"rms_norm kernel, batch {batch:>3}: {batch * new_tokens / best[True]:7.1f} tok/s "
+              f"against {batch * new_tokens / best[False]:7.1f} with tensor ops "
+              f"({best[False] / best[True]:.3f}x); rows decoding the same tokens {same}/{batch}")
 
 
 def attention(model, batches: list[int], context: int) -> None:
@@ -115,6 +144,7 @@ def main() -> None:
     model.eval()
     with torch.no_grad():
         layouts(model, batches, args.new_tokens, args.reps)
+        norm_kernel(model, batches, args.new_tokens, args.reps)
         attention(model, batches, args.context)
         for batch in batches:
             profile_generate(model, batch, args.new_tokens)

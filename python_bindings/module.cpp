@@ -15,6 +15,7 @@
 #include "tlt/idle.h"
 #include "tlt/kv_cache.h"
 #include "tlt/random.h"
+#include "tlt/rms_norm.h"
 #include "tlt/rope.h"
 #include "tlt/tree.h"
 #include "tlt/verify.h"
@@ -211,6 +212,13 @@ void rope_kv_write(uintptr_t qkv, int32_t model_type, int64_t batch, int64_t tok
                          max_len, ptr<void>(q_out));
 }
 
+// CPU only, as rope_kv_write.
+void add_rms_norm_bf16(uintptr_t h, uintptr_t delta, uintptr_t weight, int64_t rows,
+                       int64_t hidden, float eps, uintptr_t h_out, uintptr_t normed) {
+  tlt::add_rms_norm_bf16_cpu(ptr<const void>(h), ptr<const void>(delta), ptr<const void>(weight),
+                             rows, hidden, eps, ptr<void>(h_out), ptr<void>(normed));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -224,6 +232,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("compact_kv", &compact_kv, nogil);
   m.def("philox_uniforms", &philox_uniforms, nogil);
   m.def("rope_kv_write", &rope_kv_write, nogil);
+  m.def("add_rms_norm_bf16", &add_rms_norm_bf16, nogil);
   // Idle detection (tlt/idle.h); std::invalid_argument surfaces as ValueError.
   py::class_<tlt::IdleStateMachine>(m, "IdleStateMachine")
       .def(py::init([](double utilization_threshold, double idle_after_s) {

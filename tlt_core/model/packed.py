@@ -269,6 +269,9 @@ def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None,
 # False: the tensor-op path on the CPU too (what tests and bench/profile_speculative.py compare
 # the kernel with; both compute the same bits).
 ROPE_KV_KERNEL = True
+# False: bf16 RMSNorms as tensor ops on the CPU too (the kernel's sum of squares may move a
+# value by one bf16 place: tlt_core.ops.rms_norm)
+RMS_NORM_KERNEL = True
 
 
 def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, rotary: nn.Module,
@@ -295,10 +298,13 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     else:
         cos, sin_signed = layers.rope(rotary, positions, plan.read_len, h.dtype)  # (B, T, 1, d)
         rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
+    # bf16 on the CPU: each RMSNorm, with the residual add before it, in one kernel call
+    # (tlt_core.ops.rms_norm); elsewhere tensor ops (a GPU replays the pass as a CUDA graph)
+    norm_kernel = RMS_NORM_KERNEL and h.device.type == "cpu" and h.dtype == torch.bfloat16
     saved = {}
     for index, packed in enumerate(layers.get()):
         layout = packed.layout
-        x = _norm(h, packed.input_norm, layers.eps)  # (B T, H)
+        h, x = _add_norm(h, None, packed.input_norm, layers.eps, norm_kernel)  # (B T, H) each
         qkv = _joined_matmul(x, packed.qkv, layout, packed.qkv_bias)  # (B T, (H_q + 2 H_kv) d)
         qkv = qkv.view(B, T, H_q + 2 * H_kv, d)
         if packed.qk_norm is not None:
@@ -330,10 +336,11 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
             h = torch.addmm(h, out, packed.o)
             if packed.o_bias is not None:
                 h = h + packed.o_bias
+            x = _norm(h, packed.post_attention_norm, layers.eps)
         else:
-            h = h + matmul(out, packed.o, layout, packed.o_bias)
-        gate_up = _joined_matmul(_norm(h, packed.post_attention_norm, layers.eps),
-                                 packed.gate_up, layout)
+            h, x = _add_norm(h, matmul(out, packed.o, layout, packed.o_bias),
+                             packed.post_attention_norm, layers.eps, norm_kernel)
+        gate_up = _joined_matmul(x, packed.gate_up, layout)
         gate, up = gate_up.chunk(2, dim=-1)  # (B T, I) each
         if layout == "fold":  # residual + SwiGLU MLP
             h = torch.addmm(h, F.silu(gate) * up, packed.down)
@@ -350,6 +357,19 @@ def _joined_matmul(x: torch.Tensor, weights: torch.Tensor | tuple[torch.Tensor, 
         out = torch.cat([F.linear(x, weight) for weight in weights], dim=-1)
         return out if bias is None else out + bias
     return matmul(x, weights, layout, bias)
+
+
+def _add_norm(h: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module | None,
+              eps: torch.Tensor, kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h + delta, _norm of it); delta None: (h, _norm(h)). With kernel, a bf16 RMSNorm (a
+    module with a weight and an eps: the layer's own) runs as one call of
+    tlt_core.ops.add_rms_norm, the add with it."""
+    weight = getattr(norm, "weight", None)
+    if kernel and weight is not None and weight.dtype == torch.bfloat16 and hasattr(norm, "eps"):
+        return ops.add_rms_norm(h, delta, weight, norm.eps)
+    if delta is not None:
+        h = h + delta
+    return h, _norm(h, norm, eps)
 
 
 def _norm(h: torch.Tensor, norm: nn.Module | None, eps: torch.Tensor) -> torch.Tensor:

@@ -68,7 +68,10 @@ METRICS: dict[str, tuple[str, str]] = {
                             "loop (rollout/calibration_s)"),
     "rollout/calibration_s": ("s", "the adaptive loop's calibration that ran for this step (the "
                                    "first of a run or a resume; 0 after), inside rollout/time_s "
-                                   "and train/step_s"),
+                                   "and train/step_s; with --calibration-cache and a stored "
+                                   "calibration, the seconds reading it"),
+    "rollout/calibration_cached": ("0 or 1", "1 at the step whose calibration was read from "
+                                             "--calibration-cache instead of measured"),
     "train/update_s": ("s", "the policy update: PPO-clip epochs over the mini-batches"),
     "rollout/time_share": ("fraction", "rollout/time_s / train/step_s"),
     "rollout/tail_s": ("s", "rollout time spent with at most 25% of the rollout's peak running "
