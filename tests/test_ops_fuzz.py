@@ -61,7 +61,7 @@ SPECIAL_FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, 2.0, 1 - 2**-24, 1e-6, 1e-7, 1e-42,
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["select_tree", "tree_metadata", "unpack_tree_mask",
                                 "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
-                                "philox_uniforms", "rope_kv_write"])
+                                "philox_uniforms", "rope_kv_write", "add_rms_norm"])
 def test_fuzzed_calls_return_the_reference_or_name_an_argument(op, tmp_path):
     # Run from the repository root, like pytest: `tests` and `tlt_core` import from there.
     script = f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"
@@ -565,7 +565,34 @@ def fuzz_rope_kv_write(data) -> bool:
     return True
 
 
+def fuzz_add_rms_norm(data) -> bool:
+    rows, hidden = data.draw(st.integers(0, 3)), data.draw(st.integers(1, 40))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    float_dtypes = [torch.bfloat16] * 9 + ALL_DTYPES
+
+    def tensor(shape, scale):
+        values = objects((torch.randn(shape, generator=g) * scale).tolist()).reshape(shape)
+        return draw_array(data, values, torch.bfloat16, SPECIAL_FLOATS, dtypes=float_dtypes)
+
+    h = tensor((rows, hidden), 3.0)
+    delta = tensor((rows, hidden), 1.0) if data.draw(st.booleans()) else None
+    weight = tensor((hidden,), 1.0)
+    eps = draw_number(data, [1e-5, 1e-6, 0.0, 1.0, -1e-5, math.nan, math.inf])
+    inputs = [t.clone() for t in (h, delta, weight) if isinstance(t, torch.Tensor)]
+    returned, outputs = call(ops.add_rms_norm, h, delta, weight, eps)
+    for before, after in zip(inputs, [t for t in (h, delta, weight)
+                                      if isinstance(t, torch.Tensor)]):
+        torch.testing.assert_close(after, before, rtol=0, atol=0, equal_nan=True)
+    if not returned:
+        return False
+    want = reference.add_rms_norm(h, delta, weight, float(eps))
+    for got, expected, name in zip(outputs, want, ("h_out", "normed")):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True, msg=name)
+    return True
+
+
 CASES = {"select_tree": fuzz_select_tree, "tree_metadata": fuzz_tree_metadata,
          "unpack_tree_mask": fuzz_unpack_tree_mask, "verify_tree_greedy": fuzz_verify_tree_greedy,
          "verify_tree_sampling": fuzz_verify_tree_sampling, "compact_kv_": fuzz_compact_kv_,
-         "philox_uniforms": fuzz_philox_uniforms, "rope_kv_write": fuzz_rope_kv_write}
+         "philox_uniforms": fuzz_philox_uniforms, "rope_kv_write": fuzz_rope_kv_write,
+         "add_rms_norm": fuzz_add_rms_norm}

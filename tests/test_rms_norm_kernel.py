@@ -1,8 +1,9 @@
-"""The bf16 residual-add + RMSNorm kernel (tlt_core.ops.add_rms_norm) against its reference, the
-model's own RMSNorm module after a bf16 add: the sum bit for bit, the norm bit for bit but for a
-rare last-place difference of the sum of squares' order (never more than one bf16 place); NaN
-and inf rows as PyTorch's; inputs never written; bad input named. The packed pass uses it for a
-bf16 model on the CPU and then agrees with its tensor-op path to bf16's rounding."""
+"""The bf16 residual-add + RMSNorm kernel (tlt_core.ops.add_rms_norm) against rms_norm.h's
+oracle (tlt_core.ops.reference, bit for bit) and the model's own RMSNorm module after a bf16
+add: the sum bit for bit, the norm bit for bit but for a rare last-place difference of the sum
+of squares' order (never more than one bf16 place); NaN and inf rows as PyTorch's; inputs never
+written; bad input named. The packed pass uses it for a bf16 model on the CPU and then agrees
+with its tensor-op path to bf16's rounding."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 import tlt_core.model.packed as packed
 from tlt_core.model.kv_cache import CacheShape, KVCache
 from tlt_core.model.transformer import RMSNorm
-from tlt_core.ops import add_rms_norm
+from tlt_core.ops import add_rms_norm, reference
 
 from tests.speculative_fixtures import tiny_target
 
@@ -38,6 +39,8 @@ def test_the_kernel_is_the_modules_rms_norm_to_the_last_bf16_place(rows, hidden,
     h_before = h.clone()
     delta_before = None if delta is None else delta.clone()
     summed, normed = add_rms_norm(h, delta, weight, 1e-5)
+    oracle_sum, oracle = reference.add_rms_norm(h, delta, weight, 1e-5)
+    assert torch.equal(summed, oracle_sum) and torch.equal(normed, oracle)  # rms_norm.h's bits
     expected_sum, expected = _reference(h, delta, weight, 1e-5)
     assert torch.equal(summed, expected_sum)
     assert summed.dtype == normed.dtype == torch.bfloat16 and normed.shape == (rows, hidden)

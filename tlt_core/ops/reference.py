@@ -1,7 +1,7 @@
 """pure-PyTorch reference of every tlt_core op; slow, obviously correct, the oracle in tests.
 
 The contract is the text of the C++ headers in csrc/include/tlt/ (common.h, tree.h, verify.h,
-kv_cache.h, random.h); every function here follows that text literally and cites it. Tensors
+kv_cache.h, random.h, rope.h, rms_norm.h); every function here follows that text literally and cites it. Tensors
 are CPU tensors; loops over rows and tree nodes are plain Python.
 
 Notation:
@@ -768,3 +768,24 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor
     rows = torch.arange(B)[:, None]  # (B, 1)
     cache_k[rows, :, slots] = rotated[:, :, q_heads:].to(cache_k.dtype)  # (B, T, H_kv, d)
     cache_v[rows, :, slots] = qkv[:, :, q_heads + kv_heads:].to(cache_v.dtype)
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm.h literally, bit for bit: h, delta (R, H) and weight (H,) bfloat16 (delta None:
+    no add); returns (h_out, normed). Every float32 operation is one torch op on float32
+    tensors, in the header's order (the sum of squares in its 16 lanes)."""
+    summed = h if delta is None else (h.float() + delta.float()).to(torch.bfloat16)
+    values = summed.float()  # (R, H)
+    rows, hidden = values.shape
+    lanes = 16
+    partial = torch.zeros(rows, lanes)
+    for start in range(0, hidden, lanes):
+        chunk = values[:, start:start + lanes]
+        partial[:, :chunk.shape[1]] += chunk * chunk
+    squares = partial[:, 0].clone()
+    for lane in range(1, lanes):
+        squares = squares + partial[:, lane]
+    scale = 1.0 / torch.sqrt(squares / float(hidden) + torch.tensor(eps, dtype=torch.float32))
+    normed = (weight.float() * (values * scale[:, None]).to(torch.bfloat16).float())
+    return summed, normed.to(torch.bfloat16)

@@ -4,15 +4,17 @@
 // CPUs; this call is one).
 //
 // h[R, H], delta[R, H] (may be null: no residual add) and weight[H], bfloat16, dense rows.
-// For each row, in float32 with round() bfloat16's nearest-even rounding:
+// For each row, in float32 (every operation one IEEE float32 operation, none fused), with
+// round() bfloat16's nearest-even rounding (any NaN to 0x7FC0):
 //   h_out[r, i]  = round(h[r, i] + delta[r, i])          (h[r, i] without delta)
-//   s            = 1 / sqrt(sum_i h_out[r, i]^2 / H + eps)
+//   partial[j]   = sum over i = j, j + 16, j + 32, ... of h_out[r, i]^2, in that order (j < 16)
+//   s            = 1 / sqrt((partial[0] + partial[1] + ... + partial[15]) / H + eps)
 //   normed[r, i] = round(weight[i] * round(h_out[r, i] * s))
-// the same operations, in the same order, as transformers' LlamaRMSNorm on a bf16 model (and
-// tlt_core.model.transformer.RMSNorm); the sum of squares is this kernel's, so s can differ
-// from PyTorch's in the last float32 place, and normed in the last bfloat16 place where that
-// moves it across a rounding boundary. h_out may alias h (then h is updated in place);
-// normed must not alias either.
+// the operations of transformers' LlamaRMSNorm on a bf16 model (and of
+// tlt_core.model.transformer.RMSNorm), the sum of squares in the order above (PyTorch's has its
+// own), so s can differ from PyTorch's in the last float32 place, and normed in the last
+// bfloat16 place where that moves it across a rounding boundary. h_out may alias h (then h is
+// updated in place); normed must not alias either.
 //
 // Checked before anything is written (std::invalid_argument naming the argument): R >= 0,
 // H >= 1, eps >= 0 and finite.
