@@ -77,6 +77,8 @@ def test_unknown_workloads_and_bad_trace_files_are_named_on_the_command_line(tmp
     bad.write_text("[5, -1]")
     with pytest.raises(SystemExit, match="--trace-file: .*got -1"):
         main(["bench", "rollout", "--trace-file", str(bad), "--no-progress"])
+    with pytest.raises(SystemExit, match="--calibration-cache: .* is a file"):
+        main(["bench", "rollout", "--calibration-cache", str(bad), "--no-progress"])
 
 
 def _result(steps, total_s, tokens):

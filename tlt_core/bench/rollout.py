@@ -46,6 +46,7 @@ import torch
 from tqdm import tqdm
 
 from tlt_core.adaptive.buckets import StepBuckets
+from tlt_core.adaptive.calibration_cache import CalibrationCache
 from tlt_core.adaptive.cost_model import CostModel, calibrate
 from tlt_core.adaptive.measured_plans import MeasuredPlans
 from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
@@ -89,6 +90,11 @@ class RolloutOptions(TraceOptions):
                                      "file: of its rows at the workloads' temperature (T = 1), "
                                      "the plan with the highest speedup at each batch size it "
                                      "measured (none: the built-in plans)", None, metavar="FILE")
+    calibration_cache: Path | None = option("read the calibration from this folder when an "
+                                            "earlier run on this machine stored the same one, "
+                                            "else store it there (tlt_core.adaptive."
+                                            "calibration_cache; none: calibrate)", None,
+                                            metavar="DIR")
     no_progress: bool = option("no progress bars", False)
 
     def __post_init__(self):
@@ -192,10 +198,12 @@ def _trace_lengths(options: RolloutOptions, median: int, cap: int) -> list[int]:
 def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: int = 64,
         seed: int = 0, always: DraftPlan | None = None, sampled_drafts: bool = False,
         measured: MeasuredPlans | None = None, progress: bool = True,
-        label: str = EMBEDDED_LABEL) -> dict:
+        label: str = EMBEDDED_LABEL, calibration_cache: CalibrationCache | None = None
+        ) -> dict:
     """measured: the adaptive loop's plans and fallback prediction from a `tlt bench
     speculative` file (tlt_core.adaptive.measured_plans); None: the built-in plans, with
-    sampled chains under sampled_drafts."""
+    sampled chains under sampled_drafts. calibration_cache: where to read the calibration from
+    (or store it); None: calibrate."""
     if rounds < 1:
         raise ValueError(f"rounds: need at least one measured round, got {rounds}")
     if measured is not None and sampled_drafts:
@@ -206,8 +214,9 @@ def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: in
     config = EngineConfig(max_batch=max_batch, max_len=workloads.max_len, seed=seed)
     engine = RolloutEngine(target, config, drafter)
     batches = sorted({b for b in (1, 4, 16, max_batch) if b <= max_batch})
-    cost = calibrate(engine, plans, batches, workloads.calibration, sd_off=True,
-                     long_context=workloads.max_len)
+    cost = (calibration_cache.calibrate if calibration_cache is not None else calibrate)(
+        engine, plans, batches, workloads.calibration, sd_off=True,
+        long_context=workloads.max_len)
     del engine
     always = always or max(plans, key=lambda plan: cost.rate(1, plan))
     rows, details = [], {}
@@ -223,6 +232,7 @@ def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: in
             "plans": [plan.key for plan in plans],
             "plans_from": None if measured is None else measured.source,
             "calibration": calibration_dict(cost, str(next(target.parameters()).device)),
+            "calibration_cached": cost.cached_from is not None,
             "calibration_s": cost.calibration_s,
             "trace_shape": workloads.trace_shape if workload == "trace" else None,
             "oracle": {"cells": oracle["cells"]},

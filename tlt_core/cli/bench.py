@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tlt_core.adaptive.calibration_cache import CalibrationCache
 from tlt_core.adaptive.measured_plans import MeasuredPlans, measured_plans
 from tlt_core.bench import drafter as bench_drafter
 from tlt_core.bench import engine as bench_engine
@@ -224,9 +225,15 @@ def run_rollout(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as error:  # the trace's lengths
         raise SystemExit(f"{command}: --trace-file: {error}") from None
     label = EMBEDDED_LABEL if args.model is None else model.label
+    try:
+        cache = (CalibrationCache(options.calibration_cache)
+                 if options.calibration_cache is not None else None)
+    except ValueError as error:  # "calibration_cache: ... is a file"
+        raise SystemExit(f"{command}: --{str(error).replace('_', '-', 1)}") from None
     result = bench_rollout.run(model.target, model.drafter, workloads, rounds=options.rounds,
                                always=always, sampled_drafts=options.sampled_drafts,
-                               measured=measured, progress=not options.no_progress, label=label)
+                               measured=measured, progress=not options.no_progress, label=label,
+                               calibration_cache=cache)
     print(bench_rollout.format_table(result))
     if options.plot is not None:
         bench_rollout.plot(result, options.plot)
