@@ -39,16 +39,23 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def _greedy_workload(model, batch: int, new_tokens: int, seed: int
+                     ) -> tuple[RolloutEngine, list[Request]]:
+    """An engine for batch rows and batch greedy requests of new_tokens from random 16-token
+    prompts."""
+    prompts = torch.randint(3, model.config.vocab_size, (batch, 16),
+                            generator=torch.Generator().manual_seed(seed))
+    requests = [Request(row.tolist(), SamplingParams(temperature=0.0, max_tokens=new_tokens))
+                for row in prompts]
+    return RolloutEngine(model, EngineConfig(max_batch=batch, max_len=16 + new_tokens)), requests
+
+
 def layouts(model, batches: list[int], new_tokens: int, reps: int) -> None:
     dtype = model.lm_head.weight.dtype
     candidates = ["views"] + (["onednn"] if onednn_available() else []) + (
         ["fold"] if dtype == torch.float32 else [])
-    vocab = model.config.vocab_size
     for batch in batches:
-        prompts = torch.randint(3, vocab, (batch, 16), generator=torch.Generator().manual_seed(0))
-        requests = [Request(row.tolist(), SamplingParams(temperature=0.0, max_tokens=new_tokens))
-                    for row in prompts]
-        engine = RolloutEngine(model, EngineConfig(max_batch=batch, max_len=16 + new_tokens))
+        engine, requests = _greedy_workload(model, batch, new_tokens, seed=0)
         warm = [Request(requests[0].prompt_ids, SamplingParams(temperature=0.0, max_tokens=2))]
         best = dict.fromkeys(candidates, float("inf"))
         for _ in range(reps):
@@ -64,12 +71,8 @@ def layouts(model, batches: list[int], new_tokens: int, reps: int) -> None:
 def norm_kernel(model, batches: list[int], new_tokens: int, reps: int) -> None:
     if model.lm_head.weight.dtype != torch.bfloat16:
         return  # the kernel is for bf16 models
-    vocab = model.config.vocab_size
     for batch in batches:
-        prompts = torch.randint(3, vocab, (batch, 16), generator=torch.Generator().manual_seed(1))
-        requests = [Request(row.tolist(), SamplingParams(temperature=0.0, max_tokens=new_tokens))
-                    for row in prompts]
-        engine = RolloutEngine(model, EngineConfig(max_batch=batch, max_len=16 + new_tokens))
+        engine, requests = _greedy_workload(model, batch, new_tokens, seed=1)
         engine.generate(requests[:1])
         best, tokens = {True: float("inf"), False: float("inf")}, {}
         for _ in range(reps):

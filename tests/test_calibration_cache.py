@@ -116,6 +116,20 @@ def test_a_damaged_entry_is_reported_and_replaced(tmp_path, engine, counted, cap
     assert cache.calibrate(engine, PLANS, BATCHES, REQUESTS, max_tokens=6).cached_from
 
 
+def test_a_cache_that_cannot_be_written_costs_nothing_but_a_warning(tmp_path, engine,
+                                                                   monkeypatch, caplog):
+    def refuse(path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(calibration_cache, "atomic_file", refuse)
+    with caplog.at_level(logging.WARNING, logger="tlt_core.adaptive.calibration_cache"):
+        model = CalibrationCache(tmp_path).calibrate(engine, PLANS, BATCHES, REQUESTS,
+                                                     max_tokens=6)
+    assert model.rates and model.cached_from is None
+    assert any("could not store" in r.message and "No space left" in r.message
+               for r in caplog.records)
+
+
 def test_a_cache_path_that_is_a_file_is_refused_by_name(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="calibration_cache: .* is a file"):

@@ -16,6 +16,7 @@ anyway (as it must while the drafter is refreshed every RL step).
 An entry is one JSON file, `<key>.json`, holding its fingerprint in full (a hash collision, or
 an entry edited by hand, is recognised and recalibrated), the cost model and when it was
 measured; it is written atomically, and one that does not read back is reported and replaced.
+A cache that cannot be written (a full disk, no permission) is reported; the run goes on.
 Nothing loaded runs code: entries are plain JSON.
 """
 
@@ -73,8 +74,12 @@ class CalibrationCache:
         model = calibrate(engine, plans, batches, calibration_requests, **options)
         entry = {"format": FORMAT, "fingerprint": fingerprint, "cost_model": _encode(model),
                  "measured": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        with atomic_file(path) as temporary:
-            temporary.write_text(json.dumps(entry, indent=1) + "\n", encoding="utf-8")
+        try:
+            with atomic_file(path) as temporary:
+                temporary.write_text(json.dumps(entry, indent=1) + "\n", encoding="utf-8")
+        except OSError as error:  # a cache that cannot be written costs the next run, not this
+            logger.warning("calibration cache: could not store %s (%s); this run goes on with "
+                           "the calibration it measured", path, error)
         return model
 
     @staticmethod
