@@ -85,7 +85,7 @@ def add_parsers(commands) -> None:
                             "training step costs about N teacher-forced ones")
     train.add_argument("--matmul-dtype", choices=MATMUL_DTYPES, default=DEFAULTS.matmul_dtype,
                        help="dtype of the training's matmuls; the weights and the optimizer "
-                            "stay float32. auto: bfloat16 for a bf16 target (a step 1.45x "
+                            "stay float32. auto: bfloat16 for a bf16 target (a step 1.5x "
                             "faster on CPUs with bf16 instructions), else float32")
     train.add_argument("--feature-layers", default="-1", metavar="I,J,K",
                        help="target layers the drafter reads: -1 is EAGLE-1/2's last layer; "

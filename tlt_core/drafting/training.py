@@ -20,9 +20,9 @@ and scored by the same two terms against the target at t + k, weighted STEP_DECA
 unroll = 1 is the EAGLE loss.
 
 `train_step(..., matmul_dtype=torch.bfloat16)` runs the loss's matmuls in bf16 under autocast
-while the weights and AdamW's state stay float32: a step 1.45x faster on a CPU with bf16
-instructions (avx512_bf16; SmolLM2's shape, 4096 positions), whose updates are still applied
-to float32 weights, so they are not rounded away.
+while the weights and AdamW's state stay float32: a step 1.5x faster on a CPU with bf16
+instructions (avx512_bf16; SmolLM2's shape, 4096 positions: bench/drafter_step.py), whose
+updates are still applied to float32 weights, so they are not rounded away.
 
 Shapes: B records in a batch, T positions, F feature layers, H hidden size, V vocabulary.
 """

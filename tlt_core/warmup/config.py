@@ -1,8 +1,8 @@
 """The settings of the drafter's offline warm-up (`OfflineConfig`): the RL sampling settings
 the target's responses are drawn with, the drafter's form, the training's length, batch size,
-learning rate, warm-up, unrolled steps, matmul dtype and checkpoint interval, and the held-out measurement's
-length. Validated at construction, with messages that name the field; every phase reads what it
-needs from it.
+learning rate, warm-up, unrolled steps, matmul dtype and checkpoint interval, and the held-out
+measurement's length. Validated at construction, with messages that name the field; every phase
+reads what it needs from it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class OfflineConfig:
     # shape on the CPU, which would double the default CPU run: hence the default of 1).
     unroll: int = 1
     # the dtype of the loss's matmuls (the weights and AdamW stay float32): "auto" is bfloat16
-    # for a bf16 target (1.45x a float32 step on avx512_bf16), float32 for any other
+    # for a bf16 target (1.5x a float32 step on avx512_bf16: bench/drafter_step.py), float32
+    # for any other
     matmul_dtype: str = "auto"
     checkpoint_every: int = 100
     seed: int = 0
