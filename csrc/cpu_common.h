@@ -43,6 +43,14 @@ inline float bits_to_float(uint32_t bits) {
 // bfloat16 is the upper half of a float32.
 inline float bfloat16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
 
+// PyTorch's float -> bfloat16: round to nearest even, any NaN to the quiet 0x7FC0.
+inline uint16_t float_to_bfloat16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
 // IEEE binary16 -> binary32, exact (every half is representable as a float).
 inline float float16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

@@ -16,14 +16,7 @@ constexpr int64_t kParallelRows = 64;
 constexpr int kLanes = 16;  // partial sums of squares: vectorisable, and an order of our own
 
 float load(uint16_t value) { return cpu::bfloat16_to_float(value); }
-
-// PyTorch's float -> bfloat16: round to nearest even, any NaN to the quiet 0x7FC0.
-uint16_t store(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
+uint16_t store(float value) { return cpu::float_to_bfloat16(value); }
 
 // Three passes over the row, each a loop the compiler vectorises: the sum into h_out (and its
 // float32 values into a scratch row), the sum of squares in kLanes partial sums, the scaling.
@@ -63,15 +56,18 @@ void add_rms_norm_bf16_cpu(const void* h, const void* delta, const void* weight,
   const auto* w = static_cast<const uint16_t*>(weight);
   auto* out = static_cast<uint16_t*>(h_out);
   auto* ns = static_cast<uint16_t*>(normed);
-  auto row = [&](int64_t r) {
-    std::vector<float> values(static_cast<size_t>(hidden));
+  auto row = [&](int64_t r, float* values) {
     norm_row(hs + r * hidden, ds == nullptr ? nullptr : ds + r * hidden, w, hidden, eps,
-             out + r * hidden, ns + r * hidden, values.data());
+             out + r * hidden, ns + r * hidden, values);
   };
-  if (rows < kParallelRows) {
-    for (int64_t r = 0; r < rows; ++r) row(r);
-  } else {
-    cpu::parallel_for(rows, row);
+  if (rows < kParallelRows) {  // one scratch row for the call
+    std::vector<float> values(static_cast<size_t>(hidden));
+    for (int64_t r = 0; r < rows; ++r) row(r, values.data());
+  } else {  // a scratch row per claimed row: workers share nothing
+    cpu::parallel_for(rows, [&](int64_t r) {
+      std::vector<float> values(static_cast<size_t>(hidden));
+      row(r, values.data());
+    });
   }
 }
 

@@ -18,13 +18,7 @@ constexpr int64_t kMaxHeadDim = 1024;  // every model family's is <= 256
 struct BF16 {
   using Storage = uint16_t;
   static float load(uint16_t value) { return cpu::bfloat16_to_float(value); }
-  // PyTorch's float -> bfloat16: round to nearest even, any NaN to the quiet 0x7FC0.
-  static uint16_t store(float value) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof(bits));
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
-    return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-  }
+  static uint16_t store(float value) { return cpu::float_to_bfloat16(value); }
   static float round(float value) { return load(store(value)); }
   // One rounding of a + b * c: a bfloat16 product is exact in float32, so the plain sum is it.
   static float multiply_add(float b, float c, float a) { return a + b * c; }

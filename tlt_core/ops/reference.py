@@ -1,8 +1,8 @@
 """pure-PyTorch reference of every tlt_core op; slow, obviously correct, the oracle in tests.
 
 The contract is the text of the C++ headers in csrc/include/tlt/ (common.h, tree.h, verify.h,
-kv_cache.h, random.h, rope.h, rms_norm.h); every function here follows that text literally and cites it. Tensors
-are CPU tensors; loops over rows and tree nodes are plain Python.
+kv_cache.h, random.h, rope.h, rms_norm.h); every function here follows that text literally and
+cites it. Tensors are CPU tensors; loops over rows and tree nodes are plain Python.
 
 Notation:
     B  rows (batch)               N  tree nodes per row (node 0 = root)

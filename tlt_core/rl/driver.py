@@ -223,6 +223,7 @@ class RLDriver:
         step = self.state.step
         start = time.perf_counter() - self._calibration_s
         calibration_s, self._calibration_s = self._calibration_s, 0.0
+        calibration_cached, self._calibration_cached = self._calibration_cached, False
         lr_scale = lr_multiplier(step, steps=config.steps, warmup_steps=config.warmup_steps,
                                  scheduler=config.lr_scheduler_type,
                                  min_lr_ratio=config.min_lr_ratio)
@@ -255,7 +256,7 @@ class RLDriver:
             "train/reward_std": float(scores.std(unbiased=False)),
             "train/step_s": step_s, "rollout/time_s": rollout_s, "train/update_s": train_s,
             "rollout/calibration_s": calibration_s,
-            "rollout/calibration_cached": float(self._calibration_cached and step == 0),
+            "rollout/calibration_cached": float(calibration_cached),
             "rollout/time_share": rollout_s / step_s,
             "rollout/tail_s": sum(seconds_at_or_below(r.trace_time_s, r.trace_running,
                                               TAIL_FRACTION * max(r.trace_running, default=0))
