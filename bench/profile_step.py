@@ -30,7 +30,7 @@ from tlt_core.embedded.workload import load_embedded
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import load_checkpoint
-from tlt_core.model.weight_layout import onednn_available
+from tlt_core.model.weight_layout import onednn_supports
 
 
 def _timed(fn) -> float:
@@ -52,7 +52,7 @@ def _greedy_workload(model, batch: int, new_tokens: int, seed: int
 
 def layouts(model, batches: list[int], new_tokens: int, reps: int) -> None:
     dtype = model.lm_head.weight.dtype
-    candidates = ["views"] + (["onednn"] if onednn_available() else []) + (
+    candidates = ["views"] + (["onednn"] if onednn_supports(dtype) else []) + (
         ["fold"] if dtype == torch.float32 else [])
     for batch in batches:
         engine, requests = _greedy_workload(model, batch, new_tokens, seed=0)

@@ -213,8 +213,15 @@ def test_bf16_matmuls_train_float32_weights_to_nearly_the_float32_loss(target):
     assert losses[torch.bfloat16][-1] == pytest.approx(losses[None][-1], rel=0.05)
 
 
-def test_the_matmul_dtype_follows_the_target_unless_told():
+def test_the_matmul_dtype_follows_the_target_unless_told(monkeypatch):
+    import tlt_core.warmup.config as config
+    monkeypatch.setattr(config, "cpu_bf16_flag", lambda: "avx512_bf16")
     assert OfflineConfig().matmul_torch_dtype(torch.bfloat16) is torch.bfloat16
+    monkeypatch.setattr(config, "cpu_bf16_flag", lambda: None)  # AVX2 only: emulated bf16
+    assert OfflineConfig().matmul_torch_dtype(torch.bfloat16) is None
+    assert OfflineConfig().matmul_torch_dtype(torch.bfloat16, torch.device("cuda")) \
+        is torch.bfloat16
+    monkeypatch.setattr(config, "cpu_bf16_flag", lambda: "avx512_bf16")
     assert OfflineConfig().matmul_torch_dtype(torch.float32) is None
     assert OfflineConfig().matmul_torch_dtype(torch.float16) is None
     assert OfflineConfig(matmul_dtype="float32").matmul_torch_dtype(torch.bfloat16) is None

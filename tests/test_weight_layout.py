@@ -16,8 +16,8 @@ from tlt_core.model.kv_cache import CacheShape, KVCache
 from tlt_core.model.transformer import ModelConfig, Transformer
 
 CASES = [("fold", torch.float32), ("views", torch.float32), ("views", torch.bfloat16)]
-if weight_layout.onednn_available():
-    CASES += [("onednn", torch.bfloat16), ("onednn", torch.float32)]
+CASES += [("onednn", dtype) for dtype in (torch.bfloat16, torch.float32)
+          if weight_layout.onednn_supports(dtype)]
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.03}  # of the logits' largest magnitude
 
 
@@ -114,7 +114,8 @@ def test_copy_over_the_memory_budget_falls_back_to_views(monkeypatch):
     assert model._decoder.layers.layout == "fold" and model.inference_copy_bytes() > 0
 
 
-@pytest.mark.skipif(not weight_layout.onednn_available(), reason="torch without oneDNN")
+@pytest.mark.skipif(not weight_layout.onednn_supports(torch.bfloat16),
+                    reason="no oneDNN bf16 products on this CPU")
 def test_onednn_pack_follows_weight_updates():
     model = model_of("qwen3", torch.bfloat16)
     before, _ = step_and_forward(model, torch.bfloat16)
@@ -164,7 +165,7 @@ def test_packed_matrix_is_f_linear_and_follows_its_source(dtype):
     x = torch.randn(3, 24, generator=g).to(dtype)
     product = weight_layout.PackedMatrix()
     assert torch.equal(product(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
-    if dtype == torch.bfloat16 and weight_layout.onednn_available():
+    if dtype == torch.bfloat16 and weight_layout.onednn_supports(dtype):
         assert product.layout == "onednn"
     twin = copy.deepcopy(product)  # packed (oneDNN's opaque tensors cannot be copied): empty
     assert torch.equal(twin(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
@@ -210,3 +211,15 @@ def test_chunked_prefill_emits_what_one_pass_emits():
                               atol=1e-5)
     with pytest.raises(ValueError, match="prefill_tokens"):
         EngineConfig(prefill_tokens=0)
+
+
+def test_layout_falls_back_where_onednn_cannot_multiply_the_dtype(monkeypatch):
+    """A CPU without oneDNN's bf16 instructions (AVX2 only) raises at the reorder: the auto
+    layout is then "views" for bf16 (float32 keeps oneDNN), and asking for "onednn" names the
+    setting."""
+    monkeypatch.setattr(weight_layout, "onednn_supports", lambda dtype: dtype == torch.float32)
+    cpu = torch.device("cpu")
+    assert weight_layout.choose_layout("auto", torch.bfloat16, cpu, 1 << 20) == "views"
+    assert weight_layout.choose_layout("auto", torch.float32, cpu, 1 << 30) == "onednn"
+    with pytest.raises(ValueError, match="inference_layout"):
+        weight_layout.choose_layout("onednn", torch.bfloat16, cpu, 1 << 20)

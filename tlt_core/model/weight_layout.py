@@ -23,6 +23,7 @@ machine's memory; above it the pass falls back to "views", so a 7B model is neve
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -43,6 +44,23 @@ def onednn_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+@functools.cache
+def onednn_supports(dtype: torch.dtype) -> bool:
+    """Whether oneDNN prepacks and multiplies `dtype` matrices on this CPU. float32: wherever
+    torch has oneDNN. bfloat16: only where the CPU has the instructions oneDNN's bf16 path
+    needs (avx512bw/vl/dq or avx_ne_convert; an AVX2-only CPU has neither), which torch tells
+    only by raising at the reorder, so one tiny product is tried."""
+    if not onednn_available() or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(16, 16, dtype=dtype), None)
+        torch.ops.mkldnn._linear_pointwise(torch.ones(1, 16, dtype=dtype), packed, None,
+                                           "none", [], "")
+    except RuntimeError:
+        return False
+    return True
+
+
 def physical_memory_bytes() -> int | None:
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -55,8 +73,9 @@ def choose_layout(requested: str, dtype: torch.dtype, device: torch.device,
     """The layout for weights of `dtype` on `device` whose packed copy would take `copy_bytes`."""
     if requested not in LAYOUTS:
         raise ValueError(f"inference_layout: expected one of {LAYOUTS}, got {requested!r}")
-    if requested == "onednn" and (device.type != "cpu" or not onednn_available()):
-        raise ValueError("inference_layout: 'onednn' needs CPU weights and a torch with oneDNN")
+    if requested == "onednn" and (device.type != "cpu" or not onednn_supports(dtype)):
+        raise ValueError(f"inference_layout: 'onednn' needs CPU weights and a torch whose "
+                         f"oneDNN multiplies {dtype} on this CPU; use 'auto' or 'views'")
     if requested == "fold" and dtype != torch.float32:
         raise ValueError(f"inference_layout: 'fold' needs float32 weights, got {dtype}")
     if requested != "auto":
@@ -66,9 +85,9 @@ def choose_layout(requested: str, dtype: torch.dtype, device: torch.device,
     memory = physical_memory_bytes()
     if memory is not None and copy_bytes > COPY_BUDGET_SHARE * memory:
         return "views"
-    if dtype == torch.float32 and (copy_bytes < ONEDNN_MIN_BYTES or not onednn_available()):
+    if dtype == torch.float32 and (copy_bytes < ONEDNN_MIN_BYTES or not onednn_supports(dtype)):
         return "fold"
-    if dtype in (torch.float32, torch.bfloat16) and onednn_available():
+    if onednn_supports(dtype):
         return "onednn"
     return "views"
 

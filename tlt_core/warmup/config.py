@@ -13,6 +13,7 @@ import torch
 
 from tlt_core.drafting.drafter import DrafterConfig
 from tlt_core.drafting.unrolled import check_unroll
+from tlt_core.model.placement import cpu_bf16_flag
 
 
 MATMUL_DTYPES = ("auto", "float32", "bfloat16")
@@ -41,18 +42,24 @@ class OfflineConfig:
     # shape on the CPU, which would double the default CPU run: hence the default of 1).
     unroll: int = 1
     # the dtype of the loss's matmuls (the weights and AdamW stay float32): "auto" is bfloat16
-    # for a bf16 target (1.5x a float32 step on avx512_bf16: bench/drafter_step.py), float32
-    # for any other
+    # for a bf16 target on hardware that multiplies bf16 natively (CUDA, or a CPU with
+    # AMX-BF16 / AVX512-BF16: 1.5x a float32 step on avx512_bf16, bench/drafter_step.py; on an
+    # AVX2-only CPU bf16 products are emulated and slower than float32), float32 for any other
     matmul_dtype: str = "auto"
     checkpoint_every: int = 100
     seed: int = 0
     # held-out acceptance (greedy and T = 1), as many rows at once
     eval_max_tokens: int = 256
 
-    def matmul_torch_dtype(self, target_dtype: torch.dtype) -> torch.dtype | None:
-        """train_step's matmul_dtype for a target of target_dtype (None: float32 throughout)."""
-        chosen = ("bfloat16" if target_dtype == torch.bfloat16 else "float32"
-                  ) if self.matmul_dtype == "auto" else self.matmul_dtype
+    def matmul_torch_dtype(self, target_dtype: torch.dtype,
+                           device: torch.device = torch.device("cpu")) -> torch.dtype | None:
+        """train_step's matmul_dtype for a target of target_dtype on `device` (None: float32
+        throughout)."""
+        if self.matmul_dtype == "auto":
+            native = device.type == "cuda" or cpu_bf16_flag() is not None
+            chosen = "bfloat16" if target_dtype == torch.bfloat16 and native else "float32"
+        else:
+            chosen = self.matmul_dtype
         return torch.bfloat16 if chosen == "bfloat16" else None
 
     def __post_init__(self):

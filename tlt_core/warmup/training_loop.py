@@ -106,7 +106,7 @@ def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: 
     return train_steps(drafter, optimizer, batches, steps=config.steps, lr_at=lr_at,
                        first_step=step, history=history, after_step=checkpoint,
                        progress=progress, unroll=config.unroll,
-                       matmul_dtype=config.matmul_torch_dtype(target_dtype))
+                       matmul_dtype=config.matmul_torch_dtype(target_dtype, device))
 
 
 def _resume(drafter: Drafter, directory: Path, config: OfflineConfig
