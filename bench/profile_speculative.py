@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--drafter", required=True, help="its drafter folder")
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     parser.add_argument("--strategy", action="append", default=None, metavar="D,K,N",
-                        help="a plan to profile (repeatable; sD: a sampled chain); default "
+                        help="a plan to profile (repeatable; sD: a sampled chain, sD,K: a sampled tree); default "
                              "5,4,16 and 6,1,7")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--tokens", type=int, default=128, help="tokens per run")

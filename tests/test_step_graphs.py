@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tlt_core.drafting.sampled_chain import SampledChain
+from tlt_core.drafting.sampled_tree import SampledTree
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
@@ -13,7 +14,8 @@ from tlt_core.engine.step_graphs import StepGraphs, edges
 from tlt_core.workers.harvest import HarvestBuffer
 from tests.speculative_fixtures import PROMPTS, tiny_target
 
-PLANS = [None, Strategy(4, 1, 5), Strategy(3, 2, 6), SampledChain(3), SuffixMatch(4)]
+PLANS = [None, Strategy(4, 1, 5), Strategy(3, 2, 6), SampledChain(3), SampledTree(3, 2),
+         SuffixMatch(4)]
 
 
 def _requests(temperature):

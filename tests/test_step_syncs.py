@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tlt_core.drafting.sampled_chain import SampledChain
+from tlt_core.drafting.sampled_tree import SampledTree
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
@@ -98,7 +99,7 @@ def test_a_plain_step_reads_the_host_once(target, drafter, temperature):
 
 
 @pytest.mark.parametrize("plan", [Strategy(4, 1, 5), Strategy(3, 2, 6), SampledChain(3),
-                                  SuffixMatch(4)], ids=str)
+                                  SampledTree(3, 2), SuffixMatch(4)], ids=str)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_speculative_step_reads_the_host_at_most_twice(target, drafter, plan, temperature):
     engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=64), drafter,

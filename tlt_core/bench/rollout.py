@@ -79,8 +79,9 @@ class RolloutOptions(TraceOptions):
                            "distribution), no_tail (every row the same length)",
                            ",".join(WORKLOADS), metavar="NAMES")
     rounds: int = option("measured rounds per mode (medians), after one unmeasured round", 3)
-    always: str | None = option("SD-always's plan, D,K,N or sampled(D) (default: the plan "
-                                "calibration predicts fastest at one row)", None, metavar="PLAN")
+    always: str | None = option("SD-always's plan, D,K,N, sampled(D) or sampled(D,K) (default: "
+                                "the plan calibration predicts fastest at one row)", None,
+                                metavar="PLAN")
     max_tokens: int | None = option("longest response (default: 1024 with --model, the "
                                     "embedded task's longest reference otherwise)", None,
                                     metavar="N")

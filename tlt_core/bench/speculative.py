@@ -33,6 +33,7 @@ from tqdm import tqdm
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.sampled_chain import SampledChain
+from tlt_core.drafting.sampled_tree import SampledTree
 from tlt_core.drafting.tree import Strategy
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
@@ -59,9 +60,10 @@ class SpeculativeOptions:
     batch: tuple[int, ...] = option("batch sizes (the engine's max running rows)",
                                     (1, 4, 16, 64), parse=int_list, metavar="B,...")
     strategy: list[str] | None = option(
-        "a draft strategy depth,topk,num_verify_tokens; repeatable (default: "
+        "a draft plan: a tree depth,topk,num_verify_tokens, a sampled chain sD or a sampled "
+        "tree sD,K (K chains of D tokens from the root); repeatable (default: "
         + " ".join(f"{s.depth},{s.topk},{s.num_verify_tokens}" for s in DEFAULT_STRATEGIES)
-        + ")", None, metavar="D,K,N", parse=str, repeatable=True)
+        + ")", None, metavar="PLAN", parse=str, repeatable=True)
     temperature: float = option("sampling temperature (0: greedy, also checks SD == plain)", 1.0)
     reps: int = option("timed runs per case (median)", 3)
     requests: int = option("requests per batch size: max(2 x batch, N), so the batch stays near "
@@ -110,8 +112,11 @@ class SpeculativeCase:
 
 
 def parse_strategy(text: str) -> DraftPlan:
-    """"depth,topk,num_verify_tokens" -> Strategy; "sampled(D)" or "sD" -> SampledChain."""
-    sampled = re.fullmatch(r"s(?:ampled)?\(?(\d+)\)?", text.replace(" ", ""))
+    """"depth,topk,num_verify_tokens" -> Strategy; "sampled(D)" or "sD" -> SampledChain;
+    "sampled(D,K)" or "sD,K" -> SampledTree."""
+    sampled = re.fullmatch(r"s(?:ampled)?\(?(\d+)(?:,(\d+))?\)?", text.replace(" ", ""))
+    if sampled and sampled.group(2) is not None:
+        return SampledTree(int(sampled.group(1)), int(sampled.group(2)))
     if sampled:
         return SampledChain(int(sampled.group(1)))
     parts = text.replace("(", "").replace(")", "").split(",")

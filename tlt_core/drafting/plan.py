@@ -9,7 +9,9 @@ slots it writes past the committed prefix (`fed_nodes`), whether it needs the le
 target verifies them with a causal mask and no tree mask), and `draft(context)`, which returns
 the `tlt_core.ops.DraftTree` of every running row.
 
-Two plans ship: `tlt_core.drafting.tree.Strategy` (the learned drafter's EAGLE-2 tree) and
+The plans that ship: `tlt_core.drafting.tree.Strategy` (the learned drafter's EAGLE-2 tree),
+`tlt_core.drafting.sampled_chain.SampledChain` and `tlt_core.drafting.sampled_tree.SampledTree`
+(the drafter's tokens sampled from its distribution, for T > 0) and
 `tlt_core.drafting.suffix_match.SuffixMatch` (tokens copied from related responses). Whatever a
 plan proposes, verification keeps the target's distribution exactly: a plan decides speed,
 never outputs.

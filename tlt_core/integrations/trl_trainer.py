@@ -40,7 +40,8 @@ class TLTGRPOConfig(GRPOConfig):
                 "lossless) instead of model.generate; use TLTGRPOTrainer."})
     tlt_strategy: str = field(default=ADAPTIVE, metadata={
         "help": "'adaptive' (a bandit over draft plans, calibrated at the first generation), "
-                "'none' (plain decoding) or a plan key: '(D,K,N)', 'sampled(D)', 'suffix(D)'."})
+                "'none' (plain decoding) or a plan key: '(D,K,N)', 'sampled(D)', 'sampled(D,K)', "
+                "'suffix(D)'."})
     tlt_drafter: str | None = field(default=None, metadata={
         "help": "A tlt_core drafter folder, loaded onto the engine's copy of the model. Without "
                 "one only model-free plans (suffix(D)) draft."})
