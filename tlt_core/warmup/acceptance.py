@@ -3,9 +3,11 @@ step) on held-out prompts the training never saw, with the engine exactly as a r
 overall and by context position, at two temperatures (EVAL_SETTINGS):
 - "t0", greedy: a chain and a tree, the deterministic drafts greedy rollouts use;
 - "t1", temperature 1 (RL's usual sampling): the deterministic chain, whose tokens are accepted
-  with the target's own probability, and the sampled chain of the same depth
+  with the target's own probability, the sampled chain of the same depth
   (tlt_core.drafting.sampled_chain), accepted with 1 - TV(p, q): the plan that tells how close
-  the drafter's distribution is to the target's, which greedy acceptance cannot.
+  the drafter's distribution is to the target's, which greedy acceptance cannot; and the
+  sampled tree of two such chains (tlt_core.drafting.sampled_tree), whose first level is tried
+  twice.
 Seeded (OfflineConfig.seed), so a drafter's T = 1 numbers are reproducible.
 """
 
@@ -19,6 +21,7 @@ import torch
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.sampled_chain import SampledChain
+from tlt_core.drafting.sampled_tree import SampledTree
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
@@ -37,7 +40,7 @@ class EvalSetting:
 
 EVAL_SETTINGS = (
     EvalSetting("t0", 0.0, (Strategy(6, 1, 7), Strategy(5, 4, 16))),  # a chain and a tree
-    EvalSetting("t1", 1.0, (Strategy(6, 1, 7), SampledChain(6))),  # deterministic, sampled
+    EvalSetting("t1", 1.0, (Strategy(6, 1, 7), SampledChain(6), SampledTree(6, 2))),
 )
 HEADLINE = ("t0", Strategy(6, 1, 7).key)  # the one number: greedy chain acceptance
 
