@@ -5,6 +5,7 @@ import random
 import torch
 
 from tlt_core.drafting.drafter import Drafter, DrafterConfig
+from tlt_core.drafting.plan import DraftContext
 from tlt_core.drafting.training import collect_records, make_batch, make_optimizer, train_step
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.model.transformer import ModelConfig, Transformer
@@ -70,3 +71,16 @@ class SwitchingPolicy:
 
     def observe(self, outcome) -> None:
         pass
+
+
+def same_seed_draft_context(target: Transformer, drafter: Drafter) -> DraftContext:
+    """Three rows at T = 1 for a sampled plan's draft: rows 0 and 2 share their seed and their
+    drafter input (so their drafts must be equal), row 1 differs in both."""
+    cache = drafter.new_cache(3, 32)
+    cache.set_lengths(2)
+    hidden = torch.randn(3, target.config.hidden_size)
+    sampling = dict(temperature=torch.ones(3), top_k=torch.zeros(3, dtype=torch.int32),
+                    top_p=torch.ones(3), seed=torch.tensor([5, 6, 5]),
+                    offset=torch.tensor([1, 1, 1]))
+    return DraftContext(torch.tensor([3, 3, 3]), [0, 1, 2], None, drafter, cache,
+                        hidden[[0, 1, 0]], sampling)

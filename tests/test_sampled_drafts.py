@@ -3,24 +3,30 @@ drafter's own distribution and verified by the sampled-draft rule — lossless i
 (chi-square against the exact continuation distribution, with the full and a reduced draft
 vocabulary), greedy rows token for token, drafts a function of each row's own seed."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from tlt_core.adaptive.policy import SAMPLED_PLANS, AdaptivePolicy
-from tlt_core.drafting.plan import DraftContext
 from tlt_core.drafting.sampled_chain import SampledChain, sampled_chain
+from tlt_core.drafting.sampled_tree import SampledTree
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.rl.driver import TrainConfig
 
-from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
+from tests.speculative_fixtures import (PROMPTS, same_seed_draft_context, tiny_target,
+                                        train_drafter)
 from tests.test_speculative import (CONTINUATION, SAMPLED_VOCAB, SAMPLES, chi_square_pvalue,
                                     exact_continuation_probs)
 
 
-@pytest.mark.parametrize("temperature,top_p,reduced", [(1.0, 1.0, False), (0.7, 0.9, False),
-                                                        (1.0, 1.0, True)])
-def test_sampled_drafts_match_the_target_distribution(temperature, top_p, reduced):
+@pytest.mark.parametrize("temperature,top_p,reduced,tree", [
+    (1.0, 1.0, False, SampledTree(2, 3)), (0.7, 0.9, False, SampledTree(2, 2)),
+    (1.0, 1.0, True, SampledTree(3, 2))], ids=str)
+def test_sampled_drafts_match_the_target_distribution(temperature, top_p, reduced, tree):
+    """Sampled chains, and sampled trees (tlt_core.drafting.sampled_tree), whose K first tokens
+    are often equal in this 4-token vocabulary."""
     target = tiny_target(SAMPLED_VOCAB, seed=4, sharpen=3.0)
     config = dict(draft_vocab=3, draft_to_target=[0, 1, 3]) if reduced else {}
     drafter = train_drafter(target, steps=60, **config)
@@ -28,8 +34,8 @@ def test_sampled_drafts_match_the_target_distribution(temperature, top_p, reduce
     probs = exact_continuation_probs(target, prompt, temperature, top_p)
     params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=CONTINUATION,
                             n=SAMPLES, seed=17)
-    engine = RolloutEngine(target, EngineConfig(max_batch=512, max_len=8), drafter)
-    for plan in (SampledChain(2), SampledChain(3)):
+    engine = RolloutEngine(target, EngineConfig(max_batch=512, max_len=12), drafter)
+    for plan in (SampledChain(2), SampledChain(3), tree):
         result = engine.generate([Request(prompt, params)], strategy=plan)
         codes = torch.stack([r.tokens for r in result.rollouts])  # (SAMPLES, 3)
         cell = (codes * torch.tensor([SAMPLED_VOCAB ** 2, SAMPLED_VOCAB, 1])).sum(1)
@@ -51,16 +57,9 @@ def test_greedy_rows_draft_the_argmax_chain(target, drafter):
 
 
 def test_drafts_are_a_function_of_each_rows_seed(target, drafter):
-    cache = drafter.new_cache(3, 32)
-    cache.set_lengths(2)
-    hidden = torch.randn(3, target.config.hidden_size)
-    sampling = dict(temperature=torch.ones(3), top_k=torch.zeros(3, dtype=torch.int32),
-                    top_p=torch.ones(3), seed=torch.tensor([5, 6, 5]),
-                    offset=torch.tensor([1, 1, 1]))
-    roots = torch.tensor([3, 3, 3])
+    context = same_seed_draft_context(target, drafter)
     with torch.no_grad():
-        tree = sampled_chain(DraftContext(roots, [0, 1, 2], None, drafter, cache,
-                                          hidden[[0, 1, 0]], sampling), 4)
+        tree = sampled_chain(context, 4)
     assert torch.equal(tree.tokens[0], tree.tokens[2])  # same seed and input, same drafts
     assert tree.draft_probs.shape == (3, 5, target.config.vocab_size)
     assert torch.allclose(tree.draft_probs[:, :4].sum(-1), torch.ones(3, 4))
@@ -68,7 +67,7 @@ def test_drafts_are_a_function_of_each_rows_seed(target, drafter):
     with pytest.raises(ValueError, match="depth"):
         SampledChain(0)
     with pytest.raises(ValueError, match="sampling"):
-        SampledChain(2).draft(DraftContext(roots, [0, 1, 2], None, drafter, cache, hidden))
+        SampledChain(2).draft(dataclasses.replace(context, sampling=None))
 
 
 def test_the_adaptive_loop_and_grpo_take_sampled_chains(target, drafter):

@@ -1,43 +1,24 @@
 """Sampled trees (tlt_core.drafting.sampled_tree): K first tokens drawn i.i.d. from the drafter's
 distribution after the root, each growing its own sampled chain, verified by the sampled-draft
-rule's multi-draft recursion — lossless in distribution (chi-square against the exact
-continuation distribution, equal first tokens included: the test vocabulary has 4 tokens),
-greedy rows token for token in float32, more tokens per step than the chain of the same depth,
-drafts a function of each row's own seed, and the key a plan is kept by."""
+rule's multi-draft recursion. Lossless in distribution: the chi-square test of
+tests/test_sampled_drafts.py runs them beside the chains. Here: greedy rows token for token in
+float32, more tokens per step than the chain of the same depth, the tree's layout, drafts a
+function of each row's own seed, and the key a plan is kept by."""
+
+import dataclasses
 
 import pytest
 import torch
 
 from tlt_core.bench.speculative import parse_strategy
-from tlt_core.drafting.plan import DraftContext
 from tlt_core.drafting.plan_keys import plan_from_key
 from tlt_core.drafting.sampled_chain import SampledChain
 from tlt_core.drafting.sampled_tree import SampledTree, sampled_tree
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 
-from tests.speculative_fixtures import PROMPTS, tiny_target, train_drafter
-from tests.test_speculative import (CONTINUATION, SAMPLED_VOCAB, SAMPLES, chi_square_pvalue,
-                                    exact_continuation_probs)
-
-
-@pytest.mark.parametrize("temperature,top_p,reduced,plan", [
-    (1.0, 1.0, False, SampledTree(2, 3)), (0.7, 0.9, False, SampledTree(2, 2)),
-    (1.0, 1.0, True, SampledTree(3, 2))], ids=str)
-def test_sampled_trees_match_the_target_distribution(temperature, top_p, reduced, plan):
-    target = tiny_target(SAMPLED_VOCAB, seed=4, sharpen=3.0)
-    config = dict(draft_vocab=3, draft_to_target=[0, 1, 3]) if reduced else {}
-    drafter = train_drafter(target, steps=60, **config)
-    prompt = [1, 2, 0]
-    probs = exact_continuation_probs(target, prompt, temperature, top_p)
-    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=CONTINUATION,
-                            n=SAMPLES, seed=17)
-    engine = RolloutEngine(target, EngineConfig(max_batch=512, max_len=12), drafter)
-    result = engine.generate([Request(prompt, params)], strategy=plan)
-    codes = torch.stack([r.tokens for r in result.rollouts])  # (SAMPLES, 3)
-    cell = (codes * torch.tensor([SAMPLED_VOCAB ** 2, SAMPLED_VOCAB, 1])).sum(1)
-    counts = torch.bincount(cell, minlength=SAMPLED_VOCAB ** CONTINUATION)
-    assert chi_square_pvalue(counts, probs) > 1e-3
-    assert result.acceptance_length > 1.2  # the drafts were used
+from tests.speculative_fixtures import (PROMPTS, same_seed_draft_context, tiny_target,
+                                        train_drafter)
+from tests.test_speculative import SAMPLED_VOCAB
 
 
 def test_more_branches_accept_more_than_the_chain():
@@ -67,16 +48,9 @@ def test_greedy_rows_equal_plain_decoding(target, drafter):
 
 
 def test_tree_layout_and_drafts_are_a_function_of_each_rows_seed(target, drafter):
-    cache = drafter.new_cache(3, 32)
-    cache.set_lengths(2)
-    hidden = torch.randn(3, target.config.hidden_size)
-    sampling = dict(temperature=torch.ones(3), top_k=torch.zeros(3, dtype=torch.int32),
-                    top_p=torch.ones(3), seed=torch.tensor([5, 6, 5]),
-                    offset=torch.tensor([1, 1, 1]))
-    roots = torch.tensor([3, 3, 3])
+    context = same_seed_draft_context(target, drafter)
     with torch.no_grad():
-        tree = sampled_tree(DraftContext(roots, [0, 1, 2], None, drafter, cache,
-                                         hidden[[0, 1, 0]], sampling), 3, 2)
+        tree = sampled_tree(context, 3, 2)
     assert torch.equal(tree.tokens[0], tree.tokens[2])  # same seed and input, same drafts
     assert tree.parents[0].tolist() == [-1, 0, 0, 1, 2, 3, 4]  # two chains of three
     assert tree.num_nodes.tolist() == [7, 7, 7]
@@ -86,6 +60,8 @@ def test_tree_layout_and_drafts_are_a_function_of_each_rows_seed(target, drafter
     children = tree.tokens[:, 1:]
     drawn_from = tree.draft_probs[:, tree.parents[0, 1:].long()]  # (B, 6, V)
     assert bool((drawn_from.gather(2, children[..., None]) > 0).all())
+    with pytest.raises(ValueError, match="sampling"):
+        SampledTree(3, 2).draft(dataclasses.replace(context, sampling=None))
 
 
 def test_keys_and_bad_shapes():

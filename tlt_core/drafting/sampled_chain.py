@@ -51,13 +51,19 @@ class SampledChain(ChainPlan):
         return True
 
     def draft(self, context: DraftContext) -> ops.DraftTree:
-        if context.drafter is None:
-            raise ValueError(f"strategy: {self.key} drafts with the learned drafter, and this "
-                             "step has none")
-        if context.sampling is None:
-            raise ValueError(f"strategy: {self.key} samples its drafts and needs the rows' "
-                             "sampling parameters (DraftContext.sampling)")
+        check_sampled_context(self.key, context)
         return sampled_chain(context, self.depth)
+
+
+def check_sampled_context(key: str, context: DraftContext) -> None:
+    """A ValueError naming the plan (`key`) when the step has no drafter or no sampling
+    parameters, which every sampled plan drafts from."""
+    if context.drafter is None:
+        raise ValueError(f"strategy: {key} drafts with the learned drafter, and this step has "
+                         "none")
+    if context.sampling is None:
+        raise ValueError(f"strategy: {key} samples its drafts and needs the rows' sampling "
+                         "parameters (DraftContext.sampling)")
 
 
 def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:

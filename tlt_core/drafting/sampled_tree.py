@@ -34,7 +34,7 @@ import torch
 
 import tlt_core.ops as ops
 from tlt_core.drafting.plan import DraftContext
-from tlt_core.drafting.sampled_chain import DRAFT_STREAM
+from tlt_core.drafting.sampled_chain import DRAFT_STREAM, check_sampled_context
 from tlt_core.model.attention_plan import attention_plan
 
 
@@ -76,12 +76,7 @@ class SampledTree:
         return False
 
     def draft(self, context: DraftContext) -> ops.DraftTree:
-        if context.drafter is None:
-            raise ValueError(f"strategy: {self.key} drafts with the learned drafter, and this "
-                             "step has none")
-        if context.sampling is None:
-            raise ValueError(f"strategy: {self.key} samples its drafts and needs the rows' "
-                             "sampling parameters (DraftContext.sampling)")
+        check_sampled_context(self.key, context)
         return sampled_tree(context, self.depth, self.branches)
 
     def __str__(self) -> str:
