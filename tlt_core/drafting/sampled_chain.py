@@ -77,7 +77,7 @@ def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:
     sampling = context.sampling
     temperature = sampling["temperature"].to(torch.float32)  # (B,)
     greedy = temperature <= 0
-    scale = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]  # (B, 1)
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature)  # (B,)
     uniforms = ops.philox_uniforms(sampling["seed"], sampling["offset"] + DRAFT_STREAM,
                                    depth)  # (B, D)
     vocab = drafter.target.config.vocab_size
@@ -85,21 +85,8 @@ def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:
     draft_probs[:, depth] = 1.0 / vocab  # the leaf: never read
 
     def sample(level: int, logits: torch.Tensor) -> torch.Tensor:  # logits (B, V')
-        q = torch.softmax(logits / scale, dim=-1)
-        q = torch.where(greedy[:, None], torch.zeros_like(q).scatter_(
-            1, logits.argmax(-1, keepdim=True), 1.0), q)
-        # inverse CDF: the first index whose cumulative mass exceeds u (clamped for rounding)
-        cumulative = q.cumsum(-1)
-        index = torch.searchsorted(cumulative, (uniforms[:, level] * cumulative[:, -1])[:, None],
-                                   right=True).clamp_(max=q.shape[-1] - 1)  # (B, 1)
-        index = torch.where(greedy[:, None], logits.argmax(-1, keepdim=True), index)
-        row = draft_probs[:, level]  # (B, V): q over the target's ids
-        if drafter.draft_to_target is None:
-            row.copy_(q)
-        else:
-            row.zero_()
-            row.scatter_(1, drafter.draft_to_target.expand(B, -1), q)
-        return drafter.to_target_ids(index)  # (B, 1)
+        return draw(drafter, logits[:, None], uniforms[:, level, None, None], greedy, scale,
+                    draft_probs[:, level:level + 1]).view(B, 1)
 
     tokens = chain_levels(drafter, cache, context.root_hidden, depth, shortest == longest,
                           longest, sample, context.read_len)
@@ -109,3 +96,26 @@ def sampled_chain(context: DraftContext, depth: int) -> ops.DraftTree:
                          .expand(B, depth + 1).contiguous(),
                          torch.full((B,), depth + 1, dtype=torch.int32, device=device),
                          draft_probs)
+
+
+def draw(drafter, logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor,
+         scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Draft tokens from the drafter's distribution at R nodes per row: logits (B, R, V'),
+    u (B, R, n) uniforms, one per token drawn; greedy (B,) rows take the argmax with a one-hot
+    q; scale (B,) the rows' temperatures. Writes q = softmax(logits / scale) over the target's
+    ids into out (B, R, V), the q the verifier tests those tokens against, and returns the
+    (B, R, n) target ids drawn by inverse CDF."""
+    q = torch.softmax(logits / scale[:, None, None], dim=-1)  # (B, R, V')
+    top = logits.argmax(-1, keepdim=True)  # (B, R, 1)
+    one_hot = greedy[:, None, None]
+    q = torch.where(one_hot, torch.zeros_like(q).scatter_(-1, top, 1.0), q)
+    # inverse CDF: the first index whose cumulative mass exceeds u (clamped for rounding)
+    cumulative = q.cumsum(-1)
+    index = torch.searchsorted(cumulative, u * cumulative[..., -1:], right=True)
+    index = torch.where(one_hot, top.expand_as(index), index.clamp_(max=q.shape[-1] - 1))
+    if drafter.draft_to_target is None:
+        out.copy_(q)
+    else:
+        out.zero_()
+        out.scatter_(-1, drafter.draft_to_target.expand(*q.shape[:-1], -1), q)
+    return drafter.to_target_ids(index)

@@ -34,7 +34,7 @@ import torch
 
 import tlt_core.ops as ops
 from tlt_core.drafting.plan import DraftContext
-from tlt_core.drafting.sampled_chain import DRAFT_STREAM, check_sampled_context
+from tlt_core.drafting.sampled_chain import DRAFT_STREAM, check_sampled_context, draw
 from tlt_core.model.attention_plan import attention_plan
 
 
@@ -93,7 +93,7 @@ def sampled_tree(context: DraftContext, depth: int, branches: int) -> ops.DraftT
     sampling = context.sampling
     temperature = sampling["temperature"].to(torch.float32)  # (B,)
     greedy = temperature <= 0
-    scale = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None, None]
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature)  # (B,)
     uniforms = ops.philox_uniforms(sampling["seed"], sampling["offset"] + DRAFT_STREAM,
                                    K * depth).view(B, depth, K)  # one per drafted token
     N, vocab = 1 + K * depth, drafter.target.config.vocab_size
@@ -101,24 +101,11 @@ def sampled_tree(context: DraftContext, depth: int, branches: int) -> ops.DraftT
     draft_probs[:, N - K:] = 1.0 / vocab  # the leaves: never read
 
     def sample(level: int, logits: torch.Tensor, first: int) -> torch.Tensor:
-        """logits (B, R, V') at R nodes (nodes first..first + R - 1), K draws from each when
+        """logits (B, R, V') at R nodes (nodes first..first + R - 1): K draws from each when
         R = 1 (the root), one from each otherwise -> (B, K) target ids; writes their q."""
-        q = torch.softmax(logits / scale, dim=-1)  # (B, R, V')
-        top = logits.argmax(-1, keepdim=True)  # (B, R, 1)
-        q = torch.where(greedy[:, None, None], torch.zeros_like(q).scatter_(-1, top, 1.0), q)
-        # inverse CDF: the first index whose cumulative mass exceeds u (clamped for rounding)
-        cumulative = q.cumsum(-1)
-        u = uniforms[:, level].view(B, q.shape[1], -1)  # (B, R, K / R)
-        index = torch.searchsorted(cumulative, u * cumulative[..., -1:], right=True)
-        index = index.clamp_(max=q.shape[-1] - 1).view(B, K)
-        index = torch.where(greedy[:, None], top.view(B, -1).expand(B, K), index)
-        rows = draft_probs[:, first:first + q.shape[1]]  # (B, R, V): q over the target's ids
-        if drafter.draft_to_target is None:
-            rows.copy_(q)
-        else:
-            rows.zero_()
-            rows.scatter_(-1, drafter.draft_to_target.expand(B, q.shape[1], -1), q)
-        return drafter.to_target_ids(index)  # (B, K)
+        R = logits.shape[1]
+        return draw(drafter, logits, uniforms[:, level].view(B, R, -1), greedy, scale,
+                    draft_probs[:, first:first + R]).view(B, K)
 
     levels = [sample(0, drafter.logits(context.root_hidden)[:, None], 0)]  # level 1: (B, K)
     hidden = context.root_hidden[:, None].expand(B, K, -1)  # (B, K, H): what level 1 is fed with
