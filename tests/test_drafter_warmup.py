@@ -243,21 +243,27 @@ def test_nothing_a_user_gave_is_lost_a_damaged_cache_entry_heals(trained, tmp_pa
     assert not [p for p in work.rglob("*") if ".tmp-" in p.name]
 
 
-def test_a_work_record_without_unroll_belongs_to_a_teacher_forced_run(tmp_path):
-    """A work record that does not name `unroll` resumes with unroll 1, its shards kept, and
-    is refused, naming it, with another unroll."""
+@pytest.mark.parametrize("setting, implied, other", [
+    ("unroll", 1, 3),  # a teacher-forced run's
+    ("rejection_weight", 0.0, 1.0),  # a run of EAGLE's loss alone
+])
+def test_a_work_record_without_a_setting_belongs_to_the_run_that_lacked_it(tmp_path, setting,
+                                                                            implied, other):
+    """A work record that does not name `setting` resumes with the value its run used, its
+    shards kept, and is refused, naming it, with another."""
     work, data = tmp_path / "work", [(1, 2, 3)]
-    claim_work_folder(work, CONFIG, data, "sha")
+    config = replace(CONFIG, **{setting: implied})
+    claim_work_folder(work, config, data, "sha")
     record = json.loads((work / "run.json").read_text())
-    del record["unroll"]
+    del record[setting]
     (work / "run.json").write_text(json.dumps(record))
     (work / "responses").mkdir()
-    claim_work_folder(work, CONFIG, data, "sha")  # unroll 1: the same run
+    claim_work_folder(work, config, data, "sha")  # the implied value: the same run
     assert (work / "responses").is_dir()
-    with pytest.raises(ValueError, match=r"other settings \(unroll\)"):
-        claim_work_folder(work, replace(CONFIG, unroll=3), data, "sha")
+    with pytest.raises(ValueError, match=rf"other settings \({setting}\)"):
+        claim_work_folder(work, replace(config, **{setting: other}), data, "sha")
     # the matmuls' dtype changes neither the data nor the float32 state: a resume may change it
-    claim_work_folder(work, replace(CONFIG, matmul_dtype="bfloat16"), data, "sha")
+    claim_work_folder(work, replace(config, matmul_dtype="bfloat16"), data, "sha")
     assert (work / "responses").is_dir()
 
 

@@ -138,8 +138,10 @@ def test_unrolled_loss_reports_every_step_and_skips_steps_without_pairs(target):
     drafter = fresh_drafter(target)
     batch = make_batch(collect_records(target, sequences((3, 3)), (-1,)))  # 2 pairs each
     loss, metrics = unrolled_loss(drafter, batch, 3)
-    assert set(metrics) == {"regression", "token", "top1", "top1_step2", "top1_step3"}
-    assert metrics["top1_step3"] != metrics["top1_step3"]  # NaN: no root has t + 3 < 3
+    assert set(metrics) == {"regression", "token", "rejection", "top1", "accept", "top1_step2",
+                            "accept_step2", "top1_step3", "accept_step3"}
+    for name in ("top1_step3", "accept_step3"):  # NaN: no root has t + 3 < 3
+        assert metrics[name] != metrics[name]
     assert torch.isfinite(loss) and loss.requires_grad
 
 

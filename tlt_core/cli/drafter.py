@@ -83,6 +83,12 @@ def add_parsers(commands) -> None:
                             "test): step k drafts from the drafter's own output of step k - 1, "
                             "as drafting levels >= 2 do; 1 is teacher-forced EAGLE alone. A "
                             "training step costs about N teacher-forced ones")
+    train.add_argument("--rejection-weight", type=float, default=DEFAULTS.rejection_weight,
+                       metavar="W",
+                       help="weight of the loss term that is the probability a token sampled "
+                            "from the drafter is rejected at T = 1 (RL's sampled drafting), "
+                            "beside EAGLE's feature regression and cross-entropy; 0: EAGLE's "
+                            "loss alone")
     train.add_argument("--matmul-dtype", choices=MATMUL_DTYPES, default=DEFAULTS.matmul_dtype,
                        help="dtype of the training's matmuls; the weights and the optimizer "
                             "stay float32. auto: bfloat16 for a bf16 target (a step 1.5x "
@@ -111,6 +117,7 @@ def run_train(args: argparse.Namespace) -> int:
             form="eagle" if layers == (-1,) else "tlt",
             draft_vocab=args.draft_vocab or None, steps=args.steps,
             batch_tokens=args.batch_tokens, lr=args.lr, unroll=args.unroll,
+            rejection_weight=args.rejection_weight,
             matmul_dtype=args.matmul_dtype, seed=args.seed)
     except ValueError as error:
         raise SystemExit(f"{command}: --{str(error).replace('_', '-', 1)}") from None
@@ -149,8 +156,11 @@ def run_train(args: argparse.Namespace) -> int:
         for setting, plans in report.held_out_acceptance.items())
     deeper = "".join(f", step {key.removeprefix('top1_step')} {value:.3f}"
                      for key, value in report.final_top1_by_step.items())
+    sampled = "".join(f", step {key.removeprefix('accept_step')} {value:.3f}"
+                      for key, value in report.final_accept_by_step.items())
     print(f"drafter: {report.folder} ({report.sequences} responses, {report.response_tokens} "
           f"tokens; {report.steps} steps, loss {report.final_loss:.3f}, top-1 "
-          f"{report.final_top1:.3f}{deeper}); held-out acceptance length {acceptance}; "
+          f"{report.final_top1:.3f}{deeper}, sampled acceptance {report.final_accept:.3f}"
+          f"{sampled}); held-out acceptance length {acceptance}; "
           + ", ".join(f"{phase} {s:.0f} s" for phase, s in report.seconds.items()))
     return 0

@@ -1,4 +1,5 @@
-"""Training the drafter: the data record, the EAGLE loss, one train step, the optimizer.
+"""Training the drafter: the data record, the loss (EAGLE's, plus a term for sampled
+drafting), one train step, the optimizer.
 
 A `DraftRecord` is one sequence as the target saw it: its token ids and, at every position t,
 the target's outputs at the drafter's feature layers plus its last layer. Records come from a
@@ -9,15 +10,21 @@ guesswork: the drafter's input at t is (f_t, x_{t+1}); its output f'_{t+1} is tr
   norm for a form-"eagle" drafter, `Drafter.feature_target`), and
 - to give, through the drafter's logits (the target's frozen head), the target's own
   distribution of x_{t+2} (cross-entropy against the soft target distribution),
-weighted 1.0 and 0.1 as in EAGLE. Only the drafter's own tensors are optimised; the target's
-embedding and head are used detached (tlt_core.drafting.drafter).
+weighted 1.0 and 0.1 as in EAGLE, and
+- to be accepted when sampled: the rejection term 1 - sum_x min(p(x), q(x)) (the total variation
+  distance between the target's distribution p and the drafter's q) is the probability that a
+  token drafted from q is rejected by the lossless sampled check (tlt_core.drafting.sampled_chain),
+  which cross-entropy only bounds. Weighted REJECTION_WEIGHT; 0 is EAGLE's loss.
+Only the drafter's own tensors are optimised; the target's embedding and head are used detached
+(tlt_core.drafting.drafter). p and q are over the draft vocabulary (the target's distribution
+renormalised onto it, tlt_core.drafting.drafter), as the token term's are.
 
 That is `eagle_loss`, teacher-forced: every input holds the target's feature. Drafting feeds the
 drafter's own outputs back from its second level on, so `unrolled_loss` adds the training-time
 test (EAGLE-3): `unroll` steps, step k drafting from step k - 1's output at each root t
 (tlt_core.drafting.unrolled, which attends exactly as the drafter cache does during a draft)
-and scored by the same two terms against the target at t + k, weighted STEP_DECAY ** (k - 1).
-unroll = 1 is the EAGLE loss.
+and scored by the same terms against the target at t + k, weighted STEP_DECAY ** (k - 1).
+unroll = 1 is `eagle_loss`.
 
 `train_step(..., matmul_dtype=torch.bfloat16)` runs the loss's matmuls in bf16 under autocast
 while the weights and AdamW's state stay float32: a step 1.5x faster on a CPU with bf16
@@ -39,7 +46,11 @@ from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.unrolled import check_unroll, unrolled_forward
 from tlt_core.model.transformer import Transformer
 
-REGRESSION_WEIGHT, TOKEN_WEIGHT = 1.0, 0.1  # EAGLE's weights for the two loss terms
+REGRESSION_WEIGHT, TOKEN_WEIGHT = 1.0, 0.1  # EAGLE's weights for its two loss terms
+# the rejection term's weight (module docstring): on SmolLM2's responses it raised the expected
+# sampled acceptance of drafting levels 1-3 at T = 1 by 1.3-2.1% each, and cost no greedy
+# acceptance (docs/results.md, "Drafter objective")
+REJECTION_WEIGHT = 1.0
 STEP_DECAY = 0.8  # unrolled step k weighs STEP_DECAY ** (k - 1), as EAGLE-3 weighs its steps
 
 
@@ -107,11 +118,13 @@ def make_batch(records: Sequence[DraftRecord]) -> DraftBatch:
     return DraftBatch(tokens, features, last, mask)
 
 
-def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_WEIGHT
-               ) -> tuple[torch.Tensor, dict]:
-    """EAGLE loss over every real pair of the batch, teacher-forced with the target's features.
-    Returns (loss, {"regression", "token", "top1"}) — top1 is the share of pairs where the
-    drafter's argmax equals the target's, a cheap acceptance proxy."""
+def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_WEIGHT,
+               rejection_weight: float = REJECTION_WEIGHT) -> tuple[torch.Tensor, dict]:
+    """The loss over every real pair of the batch, teacher-forced with the target's features.
+    Returns (loss, {"regression", "token", "rejection", "top1", "accept"}): top1 is the share of
+    pairs where the drafter's argmax equals the target's (greedy drafting's acceptance of one
+    level), accept = 1 - rejection (the expected share of tokens sampled from the drafter that
+    the sampled check accepts at T = 1)."""
     tokens, mask = batch.tokens, batch.mask
     B, T = tokens.shape
     features = drafter.features(batch.features[:, :-1].unbind(dim=2))  # (B, T-1, H): f_t
@@ -120,21 +133,21 @@ def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_
     truth = drafter.feature_target(batch.last_hidden[:, 1:])  # (B, T-1, H): target's at t + 1
     with torch.no_grad():
         target_probs = torch.softmax(drafter.logits(truth[mask]), -1)  # (M, V)
-    regression, token, top1 = _pair_terms(drafter, predicted[mask], truth[mask], target_probs)
-    loss = REGRESSION_WEIGHT * regression + token_weight * token
-    return loss, {"regression": regression.item(), "token": token.item(), "top1": top1.item()}
+    terms = _pair_terms(drafter, predicted[mask], truth[mask], target_probs)
+    return _weighted(terms, token_weight, rejection_weight), _step_metrics(terms, 1)
 
 
 def unrolled_loss(drafter: Drafter, batch: DraftBatch, unroll: int,
-                  token_weight: float = TOKEN_WEIGHT, step_decay: float = STEP_DECAY
-                  ) -> tuple[torch.Tensor, dict]:
-    """The EAGLE loss's two terms at each of `unroll` drafting steps (module docstring), summed
-    with weight step_decay ** (k - 1). Step k scores root t when t is a real pair and t + k <
-    the sequence's length (the target's feature at t + k exists, and so its distribution of
-    x_{t+k+1}). Returns (loss, {"regression", "token", "top1"} of step 1, the teacher-forced
-    ones, plus "top1_step{k}" for k = 2..unroll: step k's agreement with the target's argmax,
-    the share of level-k drafts a greedy chain accepts given the levels before were). A step
-    with no root to score (no sequence long enough) adds nothing and reports NaN."""
+                  token_weight: float = TOKEN_WEIGHT, step_decay: float = STEP_DECAY,
+                  rejection_weight: float = REJECTION_WEIGHT) -> tuple[torch.Tensor, dict]:
+    """The loss's terms (module docstring) at each of `unroll` drafting steps, summed with
+    weight step_decay ** (k - 1). Step k scores root t when t is a real pair and t + k < the
+    sequence's length (the target's feature at t + k exists, and so its distribution of
+    x_{t+k+1}). Returns (loss, eagle_loss's metrics of step 1, the teacher-forced ones, plus
+    "top1_step{k}" and "accept_step{k}" for k = 2..unroll: step k's agreement with the target's
+    argmax and its sampled acceptance, those of a level-k draft given the levels before were
+    accepted). A step with no root to score (no sequence long enough) adds nothing and reports
+    NaN."""
     check_unroll(unroll)
     tokens, mask = batch.tokens, batch.mask  # (B, T), (B, P)
     B, P = mask.shape
@@ -152,45 +165,66 @@ def unrolled_loss(drafter: Drafter, batch: DraftBatch, unroll: int,
         ahead = torch.cat((mask[:, step - 1:], mask.new_zeros(B, step - 1)), 1)  # (B, P)
         rows, roots = (mask & ahead).nonzero(as_tuple=True)  # pair t real, t + step < length
         if rows.numel() == 0:
-            names = ("regression", "token", "top1") if step == 1 else (f"top1_step{step}",)
-            metrics.update(dict.fromkeys(names, float("nan")))
+            metrics.update(dict.fromkeys(_step_metrics(None, step), float("nan")))
             continue
         at = roots + step - 1  # where step 1 scored the target at t + step
-        regression, token, top1 = _pair_terms(drafter, predicted[rows, roots], truth[rows, at],
-                                              target_probs[rows, at])
-        loss = loss + step_decay ** (step - 1) * (REGRESSION_WEIGHT * regression
-                                                  + token_weight * token)
-        if step == 1:
-            metrics.update(regression=regression.item(), token=token.item(), top1=top1.item())
-        else:
-            metrics[f"top1_step{step}"] = top1.item()
+        terms = _pair_terms(drafter, predicted[rows, roots], truth[rows, at],
+                            target_probs[rows, at])
+        loss = loss + step_decay ** (step - 1) * _weighted(terms, token_weight, rejection_weight)
+        metrics.update(_step_metrics(terms, step))
     return loss, metrics
 
 
 def _pair_terms(drafter: Drafter, predicted: torch.Tensor, truth: torch.Tensor,
-                target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(regression, token, top1) over M scored pairs: predicted (M, H) drafter outputs, truth
-    (M, H) the target's features they guess (Drafter.feature_target), target_probs (M, V) the
-    target's distributions of the token after."""
-    regression = F.smooth_l1_loss(predicted, truth)
+                target_probs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{"regression", "token", "rejection", "top1"} over M scored pairs: predicted (M, H)
+    drafter outputs, truth (M, H) the target's features they guess (Drafter.feature_target),
+    target_probs (M, V) the target's distributions of the token after."""
     logits = drafter.logits(predicted)  # (M, V)
-    token = -(target_probs * torch.log_softmax(logits, -1)).sum(-1).mean()
-    top1 = (logits.argmax(-1) == target_probs.argmax(-1)).float().mean()
-    return regression, token, top1
+    log_q = torch.log_softmax(logits, -1)
+    accepted = torch.minimum(target_probs, log_q.exp()).sum(-1)  # (M,): sum_x min(p, q)
+    return {"regression": F.smooth_l1_loss(predicted, truth),
+            "token": -(target_probs * log_q).sum(-1).mean(),
+            "rejection": 1 - accepted.mean(),
+            "top1": (logits.argmax(-1) == target_probs.argmax(-1)).float().mean()}
+
+
+def _weighted(terms: dict[str, torch.Tensor], token_weight: float, rejection_weight: float
+              ) -> torch.Tensor:
+    return (REGRESSION_WEIGHT * terms["regression"] + token_weight * terms["token"]
+            + rejection_weight * terms["rejection"])
+
+
+def _step_metrics(terms: dict[str, torch.Tensor] | None, step: int) -> dict[str, float]:
+    """A step's reported metrics: every term at step 1; top-1 and sampled acceptance at later
+    ones (`terms` None: their names, for a step with nothing to score)."""
+    if step == 1:
+        names = ("regression", "token", "rejection", "top1", "accept")
+    else:
+        names = (f"top1_step{step}", f"accept_step{step}")
+    if terms is None:
+        return dict.fromkeys(names, float("nan"))
+    values = {"regression": terms["regression"].item(), "token": terms["token"].item(),
+              "rejection": terms["rejection"].item(), "top1": terms["top1"].item(),
+              "accept": 1 - terms["rejection"].item()}
+    if step == 1:
+        return values
+    return {f"top1_step{step}": values["top1"], f"accept_step{step}": values["accept"]}
 
 
 def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftBatch,
                grad_clip: float = 1.0, token_weight: float = TOKEN_WEIGHT,
-               unroll: int = 1, matmul_dtype: torch.dtype | None = None) -> dict:
-    """One optimizer step on the unrolled EAGLE loss (`unroll` = 1: teacher-forced, the EAGLE
-    loss itself; none when the batch has no pair to score); the metrics of unrolled_loss plus
-    "loss". matmul_dtype: the loss's matmuls under autocast in that dtype (module docstring);
-    None: in the weights' own."""
+               unroll: int = 1, matmul_dtype: torch.dtype | None = None,
+               rejection_weight: float = REJECTION_WEIGHT) -> dict:
+    """One optimizer step on the unrolled loss (`unroll` = 1: teacher-forced; none when the
+    batch has no pair to score); the metrics of unrolled_loss plus "loss". matmul_dtype: the
+    loss's matmuls under autocast in that dtype (module docstring); None: in the weights' own."""
     check_unroll(unroll)
     device = drafter.fc.weight.device
     drafter.train()
     with torch.autocast(device.type, dtype=matmul_dtype, enabled=matmul_dtype is not None):
-        loss, metrics = unrolled_loss(drafter, batch.to(device), unroll, token_weight)
+        loss, metrics = unrolled_loss(drafter, batch.to(device), unroll, token_weight,
+                                      rejection_weight=rejection_weight)
     if loss.requires_grad:  # else the batch had no pair to score: nothing to learn from
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

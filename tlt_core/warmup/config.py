@@ -1,6 +1,6 @@
 """The settings of the drafter's offline warm-up (`OfflineConfig`): the RL sampling settings
 the target's responses are drawn with, the drafter's form, the training's length, batch size,
-learning rate, warm-up, unrolled steps, matmul dtype and checkpoint interval, and the held-out
+learning rate, warm-up, unrolled steps, loss weights, matmul dtype and checkpoint interval, and the held-out
 measurement's length. Validated at construction, with messages that name the field; every phase
 reads what it needs from it.
 """
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tlt_core.drafting.drafter import DrafterConfig
+from tlt_core.drafting.training import REJECTION_WEIGHT
 from tlt_core.drafting.unrolled import check_unroll
 from tlt_core.model.placement import cpu_bf16_flag
 
@@ -41,6 +42,9 @@ class OfflineConfig:
     # alone. A step costs about `unroll` teacher-forced ones (about 3x for 3 at SmolLM2's
     # shape on the CPU, which would double the default CPU run: hence the default of 1).
     unroll: int = 1
+    # the weight of the loss's rejection term, the probability that a token sampled from the
+    # drafter is rejected at T = 1 (tlt_core.drafting.training); 0: EAGLE's loss alone
+    rejection_weight: float = REJECTION_WEIGHT
     # the dtype of the loss's matmuls (the weights and AdamW stay float32): "auto" is bfloat16
     # for a bf16 target on hardware that multiplies bf16 natively (CUDA, or a CPU with
     # AMX-BF16 / AVX512-BF16: 1.5x a float32 step on avx512_bf16, bench/drafter_step.py; on an
@@ -74,6 +78,8 @@ class OfflineConfig:
         if not self.lr > 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         check_unroll(self.unroll)
+        if not self.rejection_weight >= 0:
+            raise ValueError(f"rejection_weight: must be >= 0, got {self.rejection_weight}")
         if self.matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype: must be one of {', '.join(MATMUL_DTYPES)}, got "
                              f"{self.matmul_dtype!r}")

@@ -62,6 +62,10 @@ class OfflineReport:
     # per unrolled step k >= 2 ("top1_step2", ...): top-1 agreement drafting from its own
     # outputs, last 20 steps
     final_top1_by_step: dict = field(default_factory=dict)
+    # the sampled acceptance at T = 1 (1 - the rejection term), teacher-forced and then per
+    # unrolled step k >= 2 ("accept_step2", ...), last 20 steps
+    final_accept: float = float("nan")
+    final_accept_by_step: dict = field(default_factory=dict)
     # "t0" / "t1" (tlt_core.warmup.acceptance.EVAL_SETTINGS) -> plan -> acceptance length
     held_out_acceptance: dict = field(default_factory=dict)
     held_out_by_position: dict = field(default_factory=dict)  # the same, then context bucket
@@ -134,11 +138,13 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
                   "train_prompts": len(train_prompts), "sequences": len(records),
                   "response_tokens": response_tokens,
                   "final_loss": _mean(h["loss"] for h in tail),
-                  "final_top1": _mean(h["top1"] for h in tail),
-                  # a step's top-1 is NaN on a batch too short for it: left out
-                  "final_top1_by_step": {
-                      key: _mean(h[key] for h in tail if h[key] == h[key])
-                      for key in (f"top1_step{k}" for k in range(2, config.unroll + 1))}}
+                  "final_top1": _tail_mean(tail, "top1"),
+                  "final_top1_by_step": {key: _tail_mean(tail, key) for key in
+                                         (f"top1_step{k}" for k in range(2, config.unroll + 1))},
+                  "final_accept": _tail_mean(tail, "accept"),
+                  "final_accept_by_step": {
+                      key: _tail_mean(tail, key)
+                      for key in (f"accept_step{k}" for k in range(2, config.unroll + 1))}}
     drafter.save(folder, metadata=provenance)  # written now; the measurement is added below
     served = Drafter.load(folder, target).eval()  # the target's dtype, as rollouts run it
     start = time.perf_counter()
@@ -153,7 +159,16 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
     return OfflineReport(str(folder), len(train_prompts), len(held_out), len(records),
                          response_tokens, drafter_config.draft_vocab, len(history),
                          provenance["final_loss"], provenance["final_top1"],
-                         provenance["final_top1_by_step"], acceptance, by_position, seconds)
+                         provenance["final_top1_by_step"], provenance["final_accept"],
+                         provenance["final_accept_by_step"], acceptance, by_position, seconds)
+
+
+def _tail_mean(tail: list[dict], key: str) -> float:
+    """The mean of a metric over the last steps' histories, leaving out a step where it is NaN
+    (a batch too short for that unrolled step) or missing (a resumed checkpoint's history that
+    did not record it)."""
+    values = [h.get(key) for h in tail]
+    return _mean(v for v in values if v is not None and v == v)
 
 
 def _mean(values) -> float:

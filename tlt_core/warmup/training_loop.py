@@ -1,7 +1,7 @@
 """Phase 3 of the warm-up: training the drafter, resumable, and the training loop the embedded
 drafter shares.
 
-`train_steps` is the loop: one AdamW step of the EAGLE loss unrolled over `unroll` drafting
+`train_steps` is the loop: one AdamW step of the drafter's loss unrolled over `unroll` drafting
 steps (tlt_core.drafting.training; 1: teacher-forced) per batch, the learning rate set per step
 from a schedule (tlt_core.optim.schedule), every step's metrics kept. `train_drafter` runs it
 over the response positions of every sequence, in batches of at most `batch_tokens` padded
@@ -28,8 +28,8 @@ import torch
 from tqdm import tqdm
 
 from tlt_core.drafting.drafter import Drafter
-from tlt_core.drafting.training import (DraftBatch, DraftRecord, make_batch, make_optimizer,
-                                        train_step)
+from tlt_core.drafting.training import (REJECTION_WEIGHT, DraftBatch, DraftRecord, make_batch,
+                                        make_optimizer, train_step)
 from tlt_core.model.transformer import Transformer, rope_inv_freq
 from tlt_core.optim.schedule import learning_rate
 from tlt_core.persistence.checkpoint_io import read_state, step_folders, write_checkpoint
@@ -60,10 +60,11 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
                 first_step: int = 0, history: list[dict] | None = None,
                 after_step: Callable[[int, list[dict]], None] | None = None,
                 progress: bool = True, desc: str = "training the drafter",
-                unroll: int = 1, matmul_dtype: torch.dtype | None = None) -> list[dict]:
+                unroll: int = 1, matmul_dtype: torch.dtype | None = None,
+                rejection_weight: float = REJECTION_WEIGHT) -> list[dict]:
     """Steps `first_step` to `steps` - 1: each takes the next of `batches` at the learning rate
-    `lr_at(step)`, trains on the loss unrolled over `unroll` steps (its matmuls in
-    matmul_dtype: train_step's), and appends its metrics to
+    `lr_at(step)`, trains on the loss unrolled over `unroll` steps (its rejection term weighted
+    rejection_weight, its matmuls in matmul_dtype: train_step's), and appends its metrics to
     `history` (returned); `after_step(steps done, history)` runs after each."""
     history = [] if history is None else history
     bar = tqdm(total=steps, initial=first_step, disable=not progress, unit="step", desc=desc)
@@ -72,11 +73,12 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         metrics = train_step(drafter, optimizer, batch, unroll=unroll,
-                             matmul_dtype=matmul_dtype)
+                             matmul_dtype=matmul_dtype, rejection_weight=rejection_weight)
         history.append(metrics)
         bar.update()
         deeper = {f"top1@{k}": f"{metrics[f'top1_step{k}']:.3f}" for k in range(2, unroll + 1)}
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1']:.3f}", **deeper)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['top1']:.3f}",
+                        accept=f"{metrics['accept']:.3f}", **deeper)
         if after_step is not None:
             after_step(step + 1, history)
     bar.close()
@@ -106,7 +108,8 @@ def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: 
     return train_steps(drafter, optimizer, batches, steps=config.steps, lr_at=lr_at,
                        first_step=step, history=history, after_step=checkpoint,
                        progress=progress, unroll=config.unroll,
-                       matmul_dtype=config.matmul_torch_dtype(target_dtype, device))
+                       matmul_dtype=config.matmul_torch_dtype(target_dtype, device),
+                       rejection_weight=config.rejection_weight)
 
 
 def _resume(drafter: Drafter, directory: Path, config: OfflineConfig

@@ -27,9 +27,10 @@ logger = logging.getLogger(__name__)
 WORK_DIR, RESPONSES_DIR, TRAIN_DIR = "work", "responses", "train"
 WORK_RECORD = "run.json"  # the settings and prompts a work folder belongs to
 # Settings a work record may lack, with the value its run used: a record without `unroll`
-# belongs to a teacher-forced run (unroll 1), so resuming it needs unroll 1, and its response
-# shards stay reusable either way.
-IMPLIED_SETTINGS = {"unroll": 1}
+# belongs to a teacher-forced run (unroll 1), one without `rejection_weight` to a run of
+# EAGLE's loss alone (0), so resuming it needs those, and its response shards stay reusable
+# either way.
+IMPLIED_SETTINGS = {"unroll": 1, "rejection_weight": 0.0}
 
 
 def claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int, ...]],

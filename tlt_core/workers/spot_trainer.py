@@ -2,8 +2,8 @@
 
 A worker that went idle in the rollout's tail calls `train_until(should_stop)`; the trainer checks
 `should_stop` before every step, so it yields within one training step of work arriving or the
-rollout ending. Steps are the unrolled EAGLE loss of `tlt_core.drafting.training` (the offline
-warm-up's objective) on batches packed from the `HarvestBuffer`. Only the drafter's own tensors
+rollout ending. Steps are the unrolled loss of `tlt_core.drafting.training` (the offline
+warm-up's objective, the same weights) on batches packed from the `HarvestBuffer`. Only the drafter's own tensors
 are optimised or saved; the target's are never touched.
 
 Determinism: the batch of global step s is fixed by the buffer's records, the seed and s alone
@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 from tlt_core.drafting.drafter import Drafter
-from tlt_core.drafting.training import TOKEN_WEIGHT, DraftBatch, make_optimizer, train_step
+from tlt_core.drafting.training import (REJECTION_WEIGHT, TOKEN_WEIGHT, DraftBatch, make_optimizer,
+                                        train_step)
 from tlt_core.drafting.unrolled import check_unroll
 from tlt_core.persistence.checkpoint_io import read_state, write_state
 from tlt_core.workers.harvest import HarvestBuffer
@@ -47,6 +48,9 @@ class SpotConfig:
     # this shares); a step, and so the wait before a preempted trainer yields, costs about
     # `unroll` teacher-forced ones
     unroll: int = 1
+    # weight of the loss's sampled rejection term (OfflineConfig.rejection_weight, whose
+    # default this shares: the spot trainer's objective is the warm-up's)
+    rejection_weight: float = REJECTION_WEIGHT
 
     def __post_init__(self):
         if not self.lr > 0:
@@ -54,6 +58,8 @@ class SpotConfig:
         if self.batch_tokens < 1:
             raise ValueError(f"batch_tokens: must be >= 1, got {self.batch_tokens}")
         check_unroll(self.unroll)
+        if not self.rejection_weight >= 0:
+            raise ValueError(f"rejection_weight: must be >= 0, got {self.rejection_weight}")
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,8 @@ class SpotTrainer:
                 stopped = "no_data"
                 break
             last = train_step(self.drafter, self.optimizer, batch,
-                              token_weight=self.config.token_weight, unroll=self.config.unroll)
+                              token_weight=self.config.token_weight, unroll=self.config.unroll,
+                              rejection_weight=self.config.rejection_weight)
             self.steps += 1
             taken += 1
         return SpotSession(taken, time.perf_counter() - start, stopped,
