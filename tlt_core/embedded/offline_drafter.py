@@ -1,4 +1,4 @@
-"""Offline training of the embedded model's drafter: the EAGLE loss on the target's own sampled
+"""Offline training of the embedded model's drafter: EAGLE's loss on the target's own sampled
 responses to task prompts, before any RL step.
 
 The training set is `num_problems` task prompts answered by the target at temperature 1, one
@@ -64,9 +64,11 @@ def train_offline_drafter(target: Transformer,
     lr_at = functools.partial(learning_rate, lr=config.lr, steps=config.steps,
                               scheduler="cosine", min_lr_ratio=0.1)
     start = time.perf_counter()
+    # EAGLE's loss alone (no rejection term): the shipped drafter, whose folder this config's
+    # hash names, was trained with it, and training the same config again must give it back
     history = train_steps(drafter, make_optimizer(drafter, config.lr), batches,
                           steps=config.steps, lr_at=lr_at, progress=progress,
-                          desc="training the embedded drafter")
+                          desc="training the embedded drafter", rejection_weight=0.0)
     tail = history[-50:]
     report = OfflineDrafterReport(config.steps, time.perf_counter() - start,
                                   sum(h["loss"] for h in tail) / len(tail),
