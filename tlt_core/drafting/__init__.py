@@ -3,15 +3,16 @@
 `drafter.py` is the one-layer EAGLE-style drafter that shares the target's embedding, final norm
 and LM head; `learned.py` the `LearnedDrafter` protocol (what the engine needs of a drafter)
 that it and `eagle3.py`'s drafter follow; `plan.py` the `DraftPlan` protocol every draft plan
-follows, and `plan_keys.py` a shipped plan back from its key; `tree.py` the learned drafter's plan (`Strategy`: depth, top-k, tokens verified) and
-how its EAGLE-2 tree is grown; `suffix_index.py` and `suffix_match.py` drafts copied from
-sibling and earlier responses, with no model pass; `training.py` the EAGLE loss on records of
-what the target computed; `export.py` drafters in the layouts vLLM, SGLang and speculators
-load (EAGLE-1 for ours, EAGLE-3 through `eagle3_layouts.py`), and `load_drafter`, which reads any
-drafter folder; `published.py` the drafter
-checkpoints other projects publish (SafeAILab EAGLE-1/2, EAGLE-3 from SafeAILab, SpecForge,
-SGLang and speculators); `eagle3.py` the EAGLE-3 drafter those become. Nothing here decides when
-to speculate or runs a rollout (tlt_core.engine, tlt_core.adaptive).
+follows, and `plan_keys.py` a shipped plan back from its key; `tree.py` the learned drafter's
+plan (`Strategy`: depth, top-k, tokens verified) and how its EAGLE-2 tree is grown;
+`suffix_index.py` and `suffix_match.py` drafts copied from sibling and earlier responses, with
+no model pass; `training.py` the drafter's loss (EAGLE's, plus a sampled rejection term) on
+records of what the target computed; `export.py` drafters in the layouts vLLM, SGLang and
+speculators load (EAGLE-1 for ours, EAGLE-3 through `eagle3_layouts.py`), and `load_drafter`,
+which reads any drafter folder; `published.py` the drafter checkpoints other projects publish
+(SafeAILab EAGLE-1/2, EAGLE-3 from SafeAILab, SpecForge, SGLang and speculators); `eagle3.py`
+the EAGLE-3 drafter those become. Nothing here decides when to speculate or runs a rollout
+(tlt_core.engine, tlt_core.adaptive).
 """
 
 from tlt_core.drafting.drafter import Drafter, DrafterConfig

@@ -6,7 +6,8 @@ probability p(x) (the deterministic-draft rule), which on a flat distribution is
 good the drafter is. A token sampled from a draft distribution q and tested with
 min(1, p(x) / q(x)) is accepted with probability sum_x min(p(x), q(x)): 1 - TV(p, q), which
 is high whenever q is close to p, flat or not. The drafter learned the target's soft
-distribution (the EAGLE loss), so q = softmax(drafter logits / T) is its best guess of p.
+distribution (the EAGLE loss, and 1 - TV itself: tlt_core.drafting.training), so
+q = softmax(drafter logits / T) is its best guess of p.
 Lossless either way: the verification kernel's sampled-draft rule (residual max(0, p - q))
 keeps the emitted tokens exactly the target's distribution, given that each draft token was
 drawn from the q it is handed.

@@ -192,7 +192,8 @@ class RLDriver:
         self.drafter = drafter if config.tlt else None
         # Spot training needs a rank that went idle while others still decode: with one rank
         # there is none, so harvesting would only cost the rollout time. It trains a Drafter on
-        # the EAGLE loss; an EAGLE-3 drafter (imported) drafts as loaded.
+        # the warm-up's loss (tlt_core.drafting.training); an EAGLE-3 drafter (imported) drafts
+        # as loaded.
         spot = isinstance(self.drafter, Drafter) and self.group.world_size > 1
         self.harvest = HarvestBuffer(max_bytes=64 << 20) if spot else None
         self.engine = RolloutEngine(policy, engine_config, self.drafter, self.harvest)

@@ -1,8 +1,8 @@
 """The settings of the drafter's offline warm-up (`OfflineConfig`): the RL sampling settings
 the target's responses are drawn with, the drafter's form, the training's length, batch size,
-learning rate, warm-up, unrolled steps, loss weights, matmul dtype and checkpoint interval, and the held-out
-measurement's length. Validated at construction, with messages that name the field; every phase
-reads what it needs from it.
+learning rate, warm-up, unrolled steps, loss weights, matmul dtype and checkpoint interval, and
+the held-out measurement's length. Validated at construction, with messages that name the
+field; every phase reads what it needs from it.
 """
 
 from __future__ import annotations

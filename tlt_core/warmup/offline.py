@@ -6,7 +6,8 @@ Three phases, each resumable from the output folder's `work/` (tlt_core.warmup.w
    sampling settings, and the hidden states of the passes that generated them are kept.
 2. Draft vocabulary (tlt_core.warmup.draft_vocabulary): the V' token ids the responses use
    most.
-3. Training (tlt_core.warmup.training_loop): AdamW on the EAGLE loss unrolled over
+3. Training (tlt_core.warmup.training_loop): AdamW on the drafter's loss (EAGLE's plus the
+   sampled rejection term, tlt_core.drafting.training) unrolled over
    OfflineConfig.unroll drafting steps (the training-time test, tlt_core.drafting.unrolled) over
    the response positions, warmed up then on a cosine to a tenth, against a float32 twin of the
    target, checkpointed so an interrupted run resumes with the same batches.

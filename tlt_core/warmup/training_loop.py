@@ -88,7 +88,7 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
 def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: list[int],
                   directory: Path, config: OfflineConfig, progress: bool,
                   target_dtype: torch.dtype = torch.float32) -> list[dict]:
-    """AdamW steps on the EAGLE loss unrolled over config.unroll drafting steps, over response
+    """AdamW steps on the drafter's loss unrolled over config.unroll drafting steps, over response
     positions; resumes from the newest step checkpoint in `directory` that reads back (a damaged
     one is reported and deleted); its matmuls in the dtype config chooses for a target
     decoding in target_dtype. Returns every step's metrics (resumed steps' included)."""

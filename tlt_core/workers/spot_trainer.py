@@ -3,8 +3,8 @@
 A worker that went idle in the rollout's tail calls `train_until(should_stop)`; the trainer checks
 `should_stop` before every step, so it yields within one training step of work arriving or the
 rollout ending. Steps are the unrolled loss of `tlt_core.drafting.training` (the offline
-warm-up's objective, the same weights) on batches packed from the `HarvestBuffer`. Only the drafter's own tensors
-are optimised or saved; the target's are never touched.
+warm-up's objective, the same weights) on batches packed from the `HarvestBuffer`. Only the
+drafter's own tensors are optimised or saved; the target's are never touched.
 
 Determinism: the batch of global step s is fixed by the buffer's records, the seed and s alone
 (epoch s // batches, position s % batches, the epoch's order drawn from Random(seed, epoch)), so
