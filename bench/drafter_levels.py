@@ -60,12 +60,16 @@ def main() -> None:
     engine = RolloutEngine(target, EngineConfig(max_batch=len(prompts), max_len=max(map(
         len, prompts)) + args.max_tokens, seed=args.seed))
     rollouts = engine.generate([Request(p, params) for p in prompts]).rollouts
-    records = collect_records(target, [list(r.prompt_ids) + r.tokens.tolist() for r in rollouts],
-                              (-1,))
+    sequences = [list(r.prompt_ids) + r.tokens.tolist() for r in rollouts]
+    records_by_layers = {}  # feature layers -> records, one target pass per layer set
     rows = []
     with torch.no_grad():
         for folder in args.drafter:
             drafter = Drafter.load(folder, target).eval()
+            layers = tuple(drafter.config.feature_layers)
+            if layers not in records_by_layers:
+                records_by_layers[layers] = collect_records(target, sequences, layers)
+            records = records_by_layers[layers]
             accepted = [[] for _ in range(args.levels)]
             for record, prompt in tqdm(list(zip(records, prompts)), desc=folder.name):
                 for level, values in enumerate(level_acceptance(
@@ -91,7 +95,7 @@ def level_acceptance(target, drafter: Drafter, record, prompt_length: int, level
     length)."""
     tokens = record.tokens[None].to(target.lm_head.weight.device)
     T, dtype = tokens.shape[1], target.lm_head.weight.dtype
-    features = drafter.features([record.features[None, :-1, 0].to(dtype)])
+    features = drafter.features(record.features[None, :-1].to(dtype).unbind(dim=2))
     outputs = unrolled_forward(drafter, tokens, features, levels)
     hidden = target.model.norm(record.last_hidden.to(dtype))
     p = torch.softmax(target.lm_head(hidden).float(), -1)  # (T, V): x_{t+1} given x_<=t

@@ -11,7 +11,7 @@ import torch
 
 from tlt_core.drafting.training import collect_records, make_batch, unrolled_loss
 
-from tests.test_unrolled_training import fresh_drafter, sequences
+from tests.test_unrolled_training import DRAFTERS, fresh_drafter, sequences
 from tests.speculative_fixtures import tiny_target_with_a_final_norm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,11 +26,12 @@ def load_bench():
     return module
 
 
-def test_level_acceptance_is_the_loss_s_sampled_acceptance():
+@pytest.mark.parametrize("kind", ("eagle", "tlt fused"))
+def test_level_acceptance_is_the_loss_s_sampled_acceptance(kind):
     bench = load_bench()
     target = tiny_target_with_a_final_norm()
-    drafter = fresh_drafter(target)
-    records = collect_records(target, sequences((13,)), (-1,))
+    drafter = fresh_drafter(target, **DRAFTERS[kind])
+    records = collect_records(target, sequences((13,)), drafter.config.feature_layers)
     prompt_length = 4
     batch = make_batch(records)
     batch.mask[0, :prompt_length - 1] = False  # the warm-up scores response roots only

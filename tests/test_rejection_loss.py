@@ -101,8 +101,12 @@ def test_the_rejection_term_trains_the_sampled_acceptance(target):
         assert measured[1.0][name] > measured[0.0][name] + 0.04, (name, measured)
 
 
-@pytest.mark.parametrize("weight", (-0.1, math.nan))
-def test_a_bad_rejection_weight_is_refused_by_name(weight):
+@pytest.mark.parametrize("weight", (-0.1, math.nan, True, "1"))
+def test_a_bad_rejection_weight_is_refused_by_name(target, weight):
     for make in (OfflineConfig, SpotConfig):
         with pytest.raises(ValueError, match="rejection_weight"):
             make(rejection_weight=weight)
+    drafter = fresh_drafter(target)
+    batch = make_batch(collect_records(target, sequences((6,)), (-1,)))
+    with pytest.raises(ValueError, match="rejection_weight"):
+        train_step(drafter, make_optimizer(drafter, 1e-3), batch, rejection_weight=weight)

@@ -54,6 +54,14 @@ REJECTION_WEIGHT = 1.0
 STEP_DECAY = 0.8  # unrolled step k weighs STEP_DECAY ** (k - 1), as EAGLE-3 weighs its steps
 
 
+def check_rejection_weight(weight: object) -> float:
+    """`weight` if it is a number >= 0 (0: EAGLE's loss alone), else a ValueError naming it: a
+    negative weight would train the drafter to be rejected."""
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+        raise ValueError(f"rejection_weight: must be a number >= 0, got {weight!r}")
+    return weight
+
+
 @dataclass(frozen=True)
 class DraftRecord:
     """One sequence for drafter training, exactly as the target computed it."""
@@ -165,7 +173,7 @@ def unrolled_loss(drafter: Drafter, batch: DraftBatch, unroll: int,
         ahead = torch.cat((mask[:, step - 1:], mask.new_zeros(B, step - 1)), 1)  # (B, P)
         rows, roots = (mask & ahead).nonzero(as_tuple=True)  # pair t real, t + step < length
         if rows.numel() == 0:
-            metrics.update(dict.fromkeys(_step_metrics(None, step), float("nan")))
+            metrics.update(_step_metrics(None, step))
             continue
         at = roots + step - 1  # where step 1 scored the target at t + step
         terms = _pair_terms(drafter, predicted[rows, roots], truth[rows, at],
@@ -196,20 +204,18 @@ def _weighted(terms: dict[str, torch.Tensor], token_weight: float, rejection_wei
 
 
 def _step_metrics(terms: dict[str, torch.Tensor] | None, step: int) -> dict[str, float]:
-    """A step's reported metrics: every term at step 1; top-1 and sampled acceptance at later
-    ones (`terms` None: their names, for a step with nothing to score)."""
-    if step == 1:
-        names = ("regression", "token", "rejection", "top1", "accept")
-    else:
-        names = (f"top1_step{step}", f"accept_step{step}")
+    """A step's reported metrics, read from the device in one transfer: at step 1 every term
+    and the sampled acceptance "accept" (1 - rejection), at step k > 1 "top1_step{k}" and
+    "accept_step{k}"; each NaN when `terms` is None (a step with nothing to score)."""
+    read = ("regression", "token", "rejection", "top1") if step == 1 else ("rejection", "top1")
     if terms is None:
-        return dict.fromkeys(names, float("nan"))
-    values = {"regression": terms["regression"].item(), "token": terms["token"].item(),
-              "rejection": terms["rejection"].item(), "top1": terms["top1"].item(),
-              "accept": 1 - terms["rejection"].item()}
+        values = dict.fromkeys(read, float("nan"))
+    else:
+        values = dict(zip(read, torch.stack([terms[name].detach().float()
+                                             for name in read]).tolist()))
     if step == 1:
-        return values
-    return {f"top1_step{step}": values["top1"], f"accept_step{step}": values["accept"]}
+        return {**values, "accept": 1 - values["rejection"]}
+    return {f"top1_step{step}": values["top1"], f"accept_step{step}": 1 - values["rejection"]}
 
 
 def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftBatch,
@@ -220,6 +226,7 @@ def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftB
     batch has no pair to score); the metrics of unrolled_loss plus "loss". matmul_dtype: the
     loss's matmuls under autocast in that dtype (module docstring); None: in the weights' own."""
     check_unroll(unroll)
+    check_rejection_weight(rejection_weight)
     device = drafter.fc.weight.device
     drafter.train()
     with torch.autocast(device.type, dtype=matmul_dtype, enabled=matmul_dtype is not None):

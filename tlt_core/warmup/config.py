@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tlt_core.drafting.drafter import DrafterConfig
-from tlt_core.drafting.training import REJECTION_WEIGHT
+from tlt_core.drafting.training import REJECTION_WEIGHT, check_rejection_weight
 from tlt_core.drafting.unrolled import check_unroll
 from tlt_core.model.placement import cpu_bf16_flag
 
@@ -78,8 +78,7 @@ class OfflineConfig:
         if not self.lr > 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         check_unroll(self.unroll)
-        if not self.rejection_weight >= 0:
-            raise ValueError(f"rejection_weight: must be >= 0, got {self.rejection_weight}")
+        check_rejection_weight(self.rejection_weight)
         if self.matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype: must be one of {', '.join(MATMUL_DTYPES)}, got "
                              f"{self.matmul_dtype!r}")

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 from tlt_core.drafting.drafter import Drafter
-from tlt_core.drafting.training import (REJECTION_WEIGHT, TOKEN_WEIGHT, DraftBatch, make_optimizer,
-                                        train_step)
+from tlt_core.drafting.training import (REJECTION_WEIGHT, TOKEN_WEIGHT, DraftBatch,
+                                        check_rejection_weight, make_optimizer, train_step)
 from tlt_core.drafting.unrolled import check_unroll
 from tlt_core.persistence.checkpoint_io import read_state, write_state
 from tlt_core.workers.harvest import HarvestBuffer
@@ -58,8 +58,7 @@ class SpotConfig:
         if self.batch_tokens < 1:
             raise ValueError(f"batch_tokens: must be >= 1, got {self.batch_tokens}")
         check_unroll(self.unroll)
-        if not self.rejection_weight >= 0:
-            raise ValueError(f"rejection_weight: must be >= 0, got {self.rejection_weight}")
+        check_rejection_weight(self.rejection_weight)
 
 
 @dataclass(frozen=True)
