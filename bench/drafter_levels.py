@@ -5,9 +5,9 @@ noise (`tlt drafter train --rejection-weight`).
     python bench/drafter_levels.py --model DIR --drafter A --drafter B --prompts 24 \
         --json bench/results/drafter_levels_....json
 
-The model answers `--prompts` arithmetic word problems it was not trained on (`tlt data
-arithmetic`'s, --seed 1; the drafters' training data is seed 0's) at T = 1, one pass over the
-answers keeps its hidden states, and every drafter then drafts from every response position
+The model answers `--prompts` arithmetic word problems no drafter was trained on (`tlt data
+arithmetic`'s of --seed: 1 by default, for drafters trained on seed 0's; choose another for a
+drafter that saw seed 1's) at T = 1, one pass over the answers keeps its hidden states, and every drafter then drafts from every response position
 teacher-forced for level 1 and from its own outputs for the levels after (the unrolled pass
 drafting runs, tlt_core.drafting.unrolled). A level's number is the mean over positions of
 sum_x min(p(x), q(x)), p the model's distribution of the token and q the drafter's: the
@@ -42,7 +42,8 @@ def main() -> None:
     parser.add_argument("--drafter", type=Path, action="append", required=True,
                         help="a drafter folder for --model; repeat to compare several")
     parser.add_argument("--prompts", type=int, default=24, help="fresh problems answered")
-    parser.add_argument("--seed", type=int, default=1, help="which problems")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="which problems: a seed no drafter was trained on")
     parser.add_argument("--max-tokens", type=int, default=256, help="longest response")
     parser.add_argument("--levels", type=int, default=3, help="drafting levels measured")
     parser.add_argument("--dtype", default="float32", help="the model's dtype")
