@@ -145,7 +145,8 @@ def test_float32_twin_is_the_same_model_widened():
 
 def test_bad_offline_settings_are_refused(tmp_path):
     target = tiny_target()
-    for field, value in (("held_out", 0), ("steps", 0), ("lr", 0.0), ("draft_vocab", 0)):
+    for field, value in (("held_out", 0), ("steps", 0), ("lr", 0.0), ("draft_vocab", 0),
+                         ("ignore_eos", "yes")):
         with pytest.raises(ValueError, match=field):
             OfflineConfig(**{**CONFIG.__dict__, field: value})
     with pytest.raises(ValueError, match="prompts"):
@@ -246,6 +247,7 @@ def test_nothing_a_user_gave_is_lost_a_damaged_cache_entry_heals(trained, tmp_pa
 @pytest.mark.parametrize("setting, implied, other", [
     ("unroll", 1, 3),  # a teacher-forced run's
     ("rejection_weight", 0.0, 1.0),  # a run of EAGLE's loss alone
+    ("ignore_eos", False, True),  # responses that end at the end of turn
 ])
 def test_a_work_record_without_a_setting_belongs_to_the_run_that_lacked_it(tmp_path, setting,
                                                                             implied, other):
@@ -313,3 +315,33 @@ def test_two_concurrent_warm_ups_train_once(tmp_path, monkeypatch, caplog):
     assert len(waits) == 1 and f"in use by another process (pid {os.getpid()}); waiting" \
         in waits[0], waits
     assert counts == {"shards": 2, "steps": CONFIG.steps}
+
+
+def test_ignore_eos_runs_every_response_to_max_tokens(tmp_path):
+    """Under ignore_eos the responses run past the stop id (a fixed-length benchmark's text),
+    and the held-out measurement decodes them so too; without it the same prompts stop."""
+    target = tiny_target()
+    data = prompts(target)
+    stop = frequent_response_token(target, data)
+    config = replace(CONFIG, steps=2, checkpoint_every=2)
+    lengths = {}
+    for ignore in (False, True):
+        out = tmp_path / f"ignore-{ignore}"
+        report = train_offline(target, data, out, replace(config, ignore_eos=ignore),
+                               stop_ids=(stop,), progress=False)
+        assert report.held_out_acceptance["t0"]["(6,1,7)"] >= 1.0
+        shard = out / "work" / "responses" / "shard-00000"
+        records, prompt_lengths = read_shard(shard, replace(config, ignore_eos=ignore))
+        lengths[ignore] = [int(r.tokens.shape[0]) - p for r, p in zip(records, prompt_lengths)]
+    # a record holds the positions the target was fed: a response's last token never was
+    assert set(lengths[True]) == {CONFIG.max_tokens - 1}
+    assert min(lengths[False]) < CONFIG.max_tokens - 1
+
+
+def frequent_response_token(target, data) -> int:
+    """The token the target's greedy responses to `data` use most: a stop id they reach."""
+    engine = RolloutEngine(target, EngineConfig(max_batch=8, max_len=40))
+    params = SamplingParams(temperature=0.0, max_tokens=CONFIG.max_tokens)
+    result = engine.generate([Request(p, params) for p in data[:8]])
+    tokens = torch.cat([r.tokens for r in result.rollouts])
+    return int(torch.bincount(tokens).argmax())

@@ -4,7 +4,7 @@ every `--drafter` flag.
 
 The prompts go through the same prompt format `tlt train` uses (chat template, system prompt),
 the responses are sampled with the RL settings (temperature, max tokens, stop at the model's
-end-of-turn ids), and the last `--held-out` prompts measure the drafter's acceptance length at
+end-of-turn ids unless --ignore-eos), and the last `--held-out` prompts measure the drafter's acceptance length at
 the end, greedy and at temperature 1. Interrupted runs resume from OUT/work/ when run again
 with the same flags.
 """
@@ -70,6 +70,11 @@ def add_parsers(commands) -> None:
                        help="longest response")
     train.add_argument("--samples", type=int, default=DEFAULTS.samples_per_prompt, metavar="N",
                        help="responses per prompt")
+    train.add_argument("--ignore-eos", action="store_true",
+                       help="responses run to --max-tokens past the model's end of turn, as a "
+                            "fixed-length benchmark decodes them (vLLM's --ignore-eos; `tlt "
+                            "bench rollout --workload trace`): a drafter for that text; the "
+                            "held-out acceptance is measured on such responses too")
     train.add_argument("--rollout-batch", type=int, default=DEFAULTS.rollout_batch,
                        metavar="N", help="rows the engine decodes at once")
     train.add_argument("--steps", type=int, default=DEFAULTS.steps,
@@ -112,7 +117,8 @@ def run_train(args: argparse.Namespace) -> int:
         layers = tuple(int(part) for part in args.feature_layers.split(",") if part.strip())
         config = OfflineConfig(
             temperature=args.temperature, max_tokens=args.max_tokens,
-            samples_per_prompt=args.samples, rollout_batch=args.rollout_batch,
+            samples_per_prompt=args.samples, ignore_eos=args.ignore_eos,
+            rollout_batch=args.rollout_batch,
             held_out=args.held_out, feature_layers=layers,
             form="eagle" if layers == (-1,) else "tlt",
             draft_vocab=args.draft_vocab or None, steps=args.steps,

@@ -26,6 +26,10 @@ class OfflineConfig:
     temperature: float = 1.0
     max_tokens: int = 512
     samples_per_prompt: int = 1
+    # responses (and the held-out measurement's) run to max_tokens past the model's end of
+    # turn, as a fixed-length benchmark decodes them (vLLM's --ignore-eos; `tlt bench
+    # rollout`'s trace and no_tail workloads): a drafter for the text such a run verifies
+    ignore_eos: bool = False
     rollout_batch: int = 64  # rows the engine runs at once (and prompts per response shard)
     held_out: int = 16  # the last prompts: never trained on, the acceptance measurement's
     # the drafter
@@ -55,6 +59,10 @@ class OfflineConfig:
     # held-out acceptance (greedy and T = 1), as many rows at once
     eval_max_tokens: int = 256
 
+    def decode_stop_ids(self, stop_ids: tuple[int, ...]) -> tuple[int, ...]:
+        """The ids a response ends at: the model's, or none under ignore_eos."""
+        return () if self.ignore_eos else stop_ids
+
     def matmul_torch_dtype(self, target_dtype: torch.dtype,
                            device: torch.device = torch.device("cpu")) -> torch.dtype | None:
         """train_step's matmul_dtype for a target of target_dtype on `device` (None: float32
@@ -75,6 +83,8 @@ class OfflineConfig:
         if not isinstance(self.held_out, int) or self.held_out < 1:
             raise ValueError(f"held_out: must be an int >= 1 (the acceptance is measured on "
                              f"them), got {self.held_out!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos: must be a bool, got {self.ignore_eos!r}")
         if not self.lr > 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         check_unroll(self.unroll)

@@ -108,7 +108,8 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
 
     start = time.perf_counter()
     records, prompt_lengths = target_responses(target, train_prompts, work / RESPONSES_DIR,
-                                               config, stop_ids, progress)
+                                               config, config.decode_stop_ids(stop_ids),
+                                               progress)
     seconds["responses"] = time.perf_counter() - start
     response_tokens = sum(int(r.tokens.shape[0]) - p for r, p in zip(records, prompt_lengths))
 
@@ -149,7 +150,8 @@ def _train_offline_holding(target: Transformer, prompts: list[tuple[int, ...]], 
     drafter.save(folder, metadata=provenance)  # written now; the measurement is added below
     served = Drafter.load(folder, target).eval()  # the target's dtype, as rollouts run it
     start = time.perf_counter()
-    acceptance, by_position = held_out_acceptance(target, served, held_out, config, stop_ids)
+    acceptance, by_position = held_out_acceptance(target, served, held_out, config,
+                                                  config.decode_stop_ids(stop_ids))
     seconds["held_out"] = time.perf_counter() - start
     provenance.update(held_out_prompts=len(held_out), held_out_acceptance=acceptance,
                       held_out_by_position=by_position,
