@@ -7,9 +7,10 @@ noise (`tlt drafter train --rejection-weight`).
 
 The model answers `--prompts` arithmetic word problems no drafter was trained on (`tlt data
 arithmetic`'s of --seed: 1 by default, for drafters trained on seed 0's; choose another for a
-drafter that saw seed 1's) at T = 1, one pass over the answers keeps its hidden states, and every drafter then drafts from every response position
-teacher-forced for level 1 and from its own outputs for the levels after (the unrolled pass
-drafting runs, tlt_core.drafting.unrolled). A level's number is the mean over positions of
+drafter that saw seed 1's) at T = 1, one pass over the answers keeps its hidden states, and
+every drafter then drafts from every response position teacher-forced for level 1 and from
+its own outputs for the levels after (the unrolled pass drafting runs,
+tlt_core.drafting.unrolled). A level's number is the mean over positions of
 sum_x min(p(x), q(x)), p the model's distribution of the token and q the drafter's: the
 probability that the sampled check accepts a token drafted from q, given the levels before it
 were accepted. A chain's acceptance length follows roughly as 1 + a1 + a1 a2 + ...; unlike

@@ -4,9 +4,9 @@ every `--drafter` flag.
 
 The prompts go through the same prompt format `tlt train` uses (chat template, system prompt),
 the responses are sampled with the RL settings (temperature, max tokens, stop at the model's
-end-of-turn ids unless --ignore-eos), and the last `--held-out` prompts measure the drafter's acceptance length at
-the end, greedy and at temperature 1. Interrupted runs resume from OUT/work/ when run again
-with the same flags.
+end-of-turn ids unless --ignore-eos), and the last `--held-out` prompts measure the drafter's
+acceptance length at the end, greedy and at temperature 1. Interrupted runs resume from
+OUT/work/ when run again with the same flags.
 """
 
 from __future__ import annotations
