@@ -10,9 +10,10 @@ no stop ids, so every run has the same number of steps) at batch 1:
   accept: compaction, the drafter's catch-up, committing), from the engine's step records,
   best of --reps runs;
 - aten ops dispatched per step and per phase (counted, not timed: exact and repeatable);
-- the share of a step spent inside the heavy kernels (matmuls and attention, self time under
-  torch.profiler): what remains is Python and per-op dispatch, the part a GPU's CUDA graphs
-  remove and a CPU pays in full.
+- the share of a step spent inside the heavy kernels (ATen's matmuls and attention, self time
+  under torch.profiler): what remains is Python and per-op dispatch, the part a GPU's CUDA
+  graphs remove and a CPU pays in full. The "panels" layout's products (float32 on AVX2) are
+  tlt_core's own kernel, which torch.profiler does not see: there the share is attention's.
 
 Then what a speculative step cannot avoid on this machine, as a separate row
 ("plan": "widths"):

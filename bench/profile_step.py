@@ -4,7 +4,8 @@ one model: the evidence behind tlt_core.model.weight_layout and kv_cache.cache_d
     python bench/profile_step.py --model DIR --dtype bfloat16 --batch 1,32
 
 1. layouts: greedy decoding tokens/s of the engine with each weight layout that applies to the
-   dtype (views: the parameters through F.linear; onednn: prepacked once; fold: float32 only),
+   dtype (views: the parameters through F.linear; onednn: prepacked once; fold and panels:
+   float32 only, panels where the CPU has AVX2 + FMA),
    the layouts alternating rep by rep, best of --reps;
 2. the bf16 RMSNorm kernel (tlt_core.ops.add_rms_norm, with the residual add before it) against
    PyTorch's ops (packed.RMS_NORM_KERNEL off), greedy decoding tok/s alternating rep by rep,
@@ -31,6 +32,7 @@ from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.checkpoint import load_checkpoint
 from tlt_core.model.weight_layout import onednn_supports
+from tlt_core.ops.panel_matmul import vectorised as panels_vectorised
 
 
 def _timed(fn) -> float:
@@ -53,7 +55,8 @@ def _greedy_workload(model, batch: int, new_tokens: int, seed: int
 def layouts(model, batches: list[int], new_tokens: int, reps: int) -> None:
     dtype = model.lm_head.weight.dtype
     candidates = ["views"] + (["onednn"] if onednn_supports(dtype) else []) + (
-        ["fold"] if dtype == torch.float32 else [])
+        ["fold"] if dtype == torch.float32 else []) + (
+        ["panels"] if dtype == torch.float32 and panels_vectorised() else [])
     for batch in batches:
         engine, requests = _greedy_workload(model, batch, new_tokens, seed=0)
         warm = [Request(requests[0].prompt_ids, SamplingParams(temperature=0.0, max_tokens=2))]

@@ -2,6 +2,7 @@
 // whichever job was published last.
 #include "parallel.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include <atomic>
@@ -155,7 +156,35 @@ Pool& pool() {
   return *started;
 }
 
+// libgomp's entry for `#pragma omp parallel` (its public ABI): runs fn(data) on a team of the
+// calling thread's default size, the caller included, and returns when every member is done.
+using GompParallel = void (*)(void (*fn)(void*), void* data, unsigned num_threads,
+                              unsigned flags);
+
+// The loaded libgomp's GOMP_parallel, or null. RTLD_NOLOAD: never loads one of our own (a second
+// OpenMP runtime is what parallel.h avoids). A miss is not cached: PyTorch may load it later.
+GompParallel loaded_gomp_parallel() {
+  static std::atomic<GompParallel> found{nullptr};
+  if (GompParallel entry = found.load()) return entry;
+  void* library = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (library == nullptr) return nullptr;
+  auto entry = reinterpret_cast<GompParallel>(dlsym(library, "GOMP_parallel"));
+  found.store(entry);
+  return entry;  // the handle stays open: the library is in use for the process's life anyway
+}
+
 }  // namespace
+
+void parallel_for_on_openmp_team(int64_t n, const std::function<void(int64_t)>& body) {
+  const GompParallel gomp = n > 1 ? loaded_gomp_parallel() : nullptr;
+  if (gomp == nullptr) {
+    parallel_for(n, body);
+    return;
+  }
+  Job job(n, body);
+  gomp([](void* data) { static_cast<Job*>(data)->work(); }, &job, 0, 0);
+  job.wait_and_rethrow();  // every row is done (the team has joined); rethrows a row's error
+}
 
 void parallel_for(int64_t n, const std::function<void(int64_t)>& body) {
   if (n <= 0) return;

@@ -26,4 +26,13 @@ namespace tlt::cpu {
 // do not exist there.
 void parallel_for(int64_t n, const std::function<void(int64_t)>& body);
 
+// parallel_for on the OpenMP team of the libgomp this process has already loaded (PyTorch's CPU
+// build brings one), where there is one; else parallel_for itself. For kernels called between
+// PyTorch ops in a decode step: PyTorch's OpenMP workers spin for a while after each op, so a
+// worker of our pool competes with them for the same cores (the panel products of a SmolLM2
+// step ran 1.4x slower that way on 2 cores). Rows are claimed one at a time as in parallel_for;
+// the call returns once the whole team is done (its closing barrier), as PyTorch's ops do.
+// Exceptions as in parallel_for.
+void parallel_for_on_openmp_team(int64_t n, const std::function<void(int64_t)>& body);
+
 }  // namespace tlt::cpu

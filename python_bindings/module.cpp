@@ -14,6 +14,7 @@
 #include "tlt/device.h"
 #include "tlt/idle.h"
 #include "tlt/kv_cache.h"
+#include "tlt/panel_matmul.h"
 #include "tlt/random.h"
 #include "tlt/rms_norm.h"
 #include "tlt/rope.h"
@@ -219,6 +220,15 @@ void add_rms_norm_bf16(uintptr_t h, uintptr_t delta, uintptr_t weight, int64_t r
                              rows, hidden, eps, ptr<void>(h_out), ptr<void>(normed));
 }
 
+// CPU only, as rope_kv_write. bias and addend may be 0 (none).
+void panel_matmul_f32(uintptr_t x, int64_t rows, int64_t in_features, int64_t ldx,
+                      uintptr_t panels, int64_t out_features, uintptr_t bias, uintptr_t addend,
+                      int64_t ld_addend, uintptr_t out, int64_t ldy, int isa) {
+  tlt::panel_matmul_f32_cpu(ptr<const float>(x), rows, in_features, ldx, ptr<const float>(panels),
+                            out_features, ptr<const float>(bias), ptr<const float>(addend),
+                            ld_addend, ptr<float>(out), ldy, isa);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -233,6 +243,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("philox_uniforms", &philox_uniforms, nogil);
   m.def("rope_kv_write", &rope_kv_write, nogil);
   m.def("add_rms_norm_bf16", &add_rms_norm_bf16, nogil);
+  m.def("panel_matmul_f32", &panel_matmul_f32, nogil);
+  m.def("panel_matmul_vectorised", &tlt::panel_matmul_vectorised);
+  m.attr("panel_width") = tlt::kPanelWidth;
   // Idle detection (tlt/idle.h); std::invalid_argument surfaces as ValueError.
   py::class_<tlt::IdleStateMachine>(m, "IdleStateMachine")
       .def(py::init([](double utilization_threshold, double idle_after_s) {

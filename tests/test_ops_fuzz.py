@@ -61,7 +61,8 @@ SPECIAL_FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, 2.0, 1 - 2**-24, 1e-6, 1e-7, 1e-42,
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["select_tree", "tree_metadata", "unpack_tree_mask",
                                 "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
-                                "philox_uniforms", "rope_kv_write", "add_rms_norm"])
+                                "philox_uniforms", "rope_kv_write", "add_rms_norm",
+                                "panel_matmul"])
 def test_fuzzed_calls_return_the_reference_or_name_an_argument(op, tmp_path):
     # Run from the repository root, like pytest: `tests` and `tlt_core` import from there.
     script = f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"
@@ -591,8 +592,39 @@ def fuzz_add_rms_norm(data) -> bool:
     return True
 
 
+def fuzz_panel_matmul(data) -> bool:
+    rows, out_features = data.draw(st.integers(0, 3)), data.draw(st.integers(1, 20))
+    in_features = data.draw(st.integers(1, 12))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    float_dtypes = [torch.float32] * 9 + ALL_DTYPES
+
+    def tensor(values):
+        return draw_array(data, objects(values.tolist()).reshape(values.shape), torch.float32,
+                          SPECIAL_FLOATS, dtypes=float_dtypes)
+
+    panels = ops.pack_panels(torch.randn(out_features, in_features, generator=g))
+    x = tensor(torch.randn(rows, in_features, generator=g))
+    if data.draw(st.integers(0, 3)) == 0:  # mostly the pack as made: x and N vary more
+        panels = tensor(panels)
+    bias = tensor(torch.randn(out_features, generator=g)) if data.draw(st.booleans()) else None
+    addend = (tensor(torch.randn(rows, out_features, generator=g))
+              if data.draw(st.booleans()) else None)
+    N = draw_number(data, [out_features] * 20 + [0, -1, out_features + 16, 2**31])
+    args = [x, panels, N, bias, addend]
+    inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    returned, y = call(ops.panel_matmul, *args)
+    for before, after in zip(inputs, args):  # never written
+        if isinstance(after, torch.Tensor):
+            torch.testing.assert_close(after, before, rtol=0, atol=0, equal_nan=True)
+    if not returned:
+        return False
+    want = reference.panel_matmul(x, panels, int(N), bias, addend)
+    torch.testing.assert_close(y, want, rtol=0, atol=0, equal_nan=True)
+    return True
+
+
 CASES = {"select_tree": fuzz_select_tree, "tree_metadata": fuzz_tree_metadata,
          "unpack_tree_mask": fuzz_unpack_tree_mask, "verify_tree_greedy": fuzz_verify_tree_greedy,
          "verify_tree_sampling": fuzz_verify_tree_sampling, "compact_kv_": fuzz_compact_kv_,
          "philox_uniforms": fuzz_philox_uniforms, "rope_kv_write": fuzz_rope_kv_write,
-         "add_rms_norm": fuzz_add_rms_norm}
+         "add_rms_norm": fuzz_add_rms_norm, "panel_matmul": fuzz_panel_matmul}

@@ -15,7 +15,8 @@ from tlt_core.engine.records import Request, SamplingParams
 from tlt_core.model.kv_cache import CacheShape, KVCache
 from tlt_core.model.transformer import ModelConfig, Transformer
 
-CASES = [("fold", torch.float32), ("views", torch.float32), ("views", torch.bfloat16)]
+CASES = [("fold", torch.float32), ("panels", torch.float32), ("views", torch.float32),
+         ("views", torch.bfloat16)]
 CASES += [("onednn", dtype) for dtype in (torch.bfloat16, torch.float32)
           if weight_layout.onednn_supports(dtype)]
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.03}  # of the logits' largest magnitude
@@ -219,7 +220,59 @@ def test_layout_falls_back_where_onednn_cannot_multiply_the_dtype(monkeypatch):
     setting."""
     monkeypatch.setattr(weight_layout, "onednn_supports", lambda dtype: dtype == torch.float32)
     cpu = torch.device("cpu")
+    monkeypatch.setattr(weight_layout, "vectorised", lambda: False)
     assert weight_layout.choose_layout("auto", torch.bfloat16, cpu, 1 << 20) == "views"
     assert weight_layout.choose_layout("auto", torch.float32, cpu, 1 << 30) == "onednn"
     with pytest.raises(ValueError, match="inference_layout"):
         weight_layout.choose_layout("onednn", torch.bfloat16, cpu, 1 << 20)
+
+
+def test_auto_layout_of_float32_weights(monkeypatch):
+    """float32 on the CPU: "fold" for weights that stay in cache (dispatch-bound), "panels" for
+    larger ones where the CPU has AVX2 + FMA and both its packs fit the budget (their wide
+    products oneDNN's only for a model where oneDNN beats fold), else "onednn"."""
+    cpu, GiB = torch.device("cpu"), 1 << 30
+    monkeypatch.setattr(weight_layout, "physical_memory_bytes", lambda: 16 * GiB)
+    monkeypatch.setattr(weight_layout, "onednn_supports", lambda dtype: True)
+    monkeypatch.setattr(weight_layout, "vectorised", lambda: True)
+    choose = weight_layout.choose_layout
+    assert choose("auto", torch.float32, cpu, weight_layout.PANELS_MIN_BYTES - 1) == "fold"
+    assert choose("auto", torch.float32, cpu, weight_layout.PANELS_MIN_BYTES) == "panels"
+    assert choose("auto", torch.float32, cpu, GiB) == "panels"
+    assert choose("auto", torch.float32, cpu, 3 * GiB) == "onednn"  # two packs: over 4 GiB
+    assert choose("auto", torch.bfloat16, cpu, GiB) == "onednn"
+    assert weight_layout.panels_wide_layout(weight_layout.ONEDNN_MIN_BYTES) == "onednn"
+    assert weight_layout.panels_wide_layout(weight_layout.ONEDNN_MIN_BYTES - 1) == "fold"
+    monkeypatch.setattr(weight_layout, "vectorised", lambda: False)
+    assert choose("auto", torch.float32, cpu, GiB) == "onednn"
+    for dtype, device in ((torch.bfloat16, cpu), (torch.float32, torch.device("cuda"))):
+        with pytest.raises(ValueError, match="inference_layout: 'panels'"):
+            choose("panels", dtype, device, GiB)
+
+
+def test_panels_pack_follows_weight_updates_and_counts_both_packs():
+    model = model_of("qwen2", torch.float32)
+    model.inference_layout = "panels"
+    before, _ = step_and_forward(model, torch.float32)
+    packed = model._decoder.layers.packed[0]
+    assert isinstance(packed.gate_up, weight_layout.PanelWeight)
+    layer_bytes = sum(p.nbytes for p in model.model.layers.parameters() if p.dim() == 2)
+    assert model._decoder.layers.copy_bytes() == 2 * layer_bytes  # the panels and the wide pack
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(3.0)
+        model.lm_head.weight.mul_(0.5)
+    after, expected = step_and_forward(model, torch.float32)
+    assert (after - before).abs().max() > 0.01
+    assert (after - expected).abs().max() <= TOLERANCE[torch.float32] * expected.abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, weight_layout.PANEL_MAX_ROWS,
+                                  weight_layout.PANEL_MAX_ROWS + 1])
+def test_panels_products_agree_with_the_matrix_on_both_sides_of_the_row_limit(rows):
+    g = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
+    x, h = torch.randn(rows, 24, generator=g), torch.randn(rows, 40, generator=g)
+    packed = weight_layout.pack_matrix(weight, "panels")
+    got = weight_layout.matmul(x, packed, "panels", bias, addend=h)
+    assert torch.allclose(got, x @ weight.T + bias + h, atol=1e-5)
+

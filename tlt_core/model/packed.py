@@ -6,9 +6,9 @@ this pass spends the fewest ops per layer that compute what `Transformer.forward
 and v from one matmul, gate and up from one, RoPE for q and k together as
 `x * cos + roll(x, d/2) * sin_signed`, K and V written with one indexed store, and no attention
 mask when every row has the same length (a batch of one always does). In the float32 "fold"
-layout the residual adds ride in `addmm` and the RMSNorm weights are folded into the matmul
-after them (the norm is then `x * rsqrt(|x|^2 / H + eps)`, four cheap ops where `F.rms_norm`
-dispatches seven).
+and "panels" layouts the residual adds ride in the product (`addmm`, the panel kernel's addend)
+and the RMSNorm weights are folded into the matmul after them (the norm is then
+`x * rsqrt(|x|^2 / H + eps)`, four cheap ops where `F.rms_norm` dispatches seven).
 
 How the weights are held is a layout (tlt_core.model.weight_layout): copies made for speed
 ("fold", "onednn"; the copy is at most a quarter of the machine's memory) or the parameters
@@ -41,7 +41,8 @@ from torch import nn
 
 import tlt_core.ops as ops
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
-from tlt_core.model.weight_layout import PackedMatrix, choose_layout, matmul, pack_matrix
+from tlt_core.model.weight_layout import (PackedMatrix, PanelWeight, choose_layout, matmul,
+                                         pack_matrix)
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,12 @@ class PackedLayer:
     post_attention_norm: nn.Module | None
 
 
-def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int, layout: str) -> PackedLayer:
+def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int, layout: str,
+                model_bytes: int) -> PackedLayer:
     attn, mlp = layer.self_attn, layer.mlp
     # Folding the norms' weights needs float32 matrices (a bf16 product would round them)
-    fold = layout == "fold" or (layout == "onednn" and attn.q_proj.weight.dtype == torch.float32)
+    fold = layout in ("fold", "panels") or (layout == "onednn"
+                                            and attn.q_proj.weight.dtype == torch.float32)
     no_input_norm = isinstance(layer.input_layernorm, nn.Identity)
     # rms_norm(x) * w @ W.T == (x * rsqrt(...)) @ (W * w).T: the norm's weight scales W's inputs
     input_scale = layer.input_layernorm.weight if fold and not no_input_norm else None
@@ -85,23 +88,25 @@ def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int, layout: str
     return PackedLayer(
         layout=layout,
         qkv=_joined((attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight), input_scale,
-                    layout),
-        qkv_bias=qkv_bias, o=pack_matrix(attn.o_proj.weight, layout),
+                    layout, model_bytes),
+        qkv_bias=qkv_bias, o=pack_matrix(attn.o_proj.weight, layout, model_bytes),
         o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.clone(),
-        gate_up=_joined((mlp.gate_proj.weight, mlp.up_proj.weight), post_scale, layout),
-        down=pack_matrix(mlp.down_proj.weight, layout), qk_norm=qk_norm,
+        gate_up=_joined((mlp.gate_proj.weight, mlp.up_proj.weight), post_scale, layout,
+                        model_bytes),
+        down=pack_matrix(mlp.down_proj.weight, layout, model_bytes), qk_norm=qk_norm,
         input_norm=layer.input_layernorm if no_input_norm or not fold else None,
         post_attention_norm=None if fold else layer.post_attention_layernorm)
 
 
-def _joined(weights: tuple[torch.Tensor, ...], scale: torch.Tensor | None, layout: str
-            ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """The (out, in) matrices stacked along out, in `layout` (scale: a folded norm weight)."""
+def _joined(weights: tuple[torch.Tensor, ...], scale: torch.Tensor | None, layout: str,
+            model_bytes: int) -> torch.Tensor | PanelWeight | tuple[torch.Tensor, ...]:
+    """The (out, in) matrices stacked along out, in `layout` (scale: a folded norm weight;
+    model_bytes: as pack_matrix's)."""
     if layout == "views":
         fused = _adjacent(weights)
         return weights if fused is None else fused
     stacked = torch.cat(weights)
-    return pack_matrix(stacked if scale is None else stacked * scale, layout)
+    return pack_matrix(stacked if scale is None else stacked * scale, layout, model_bytes)
 
 
 def _adjacent(parts: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
@@ -183,8 +188,8 @@ class PackedLayers:
         old = self.packed if layout == self.layout == "views" else []
         self.packed, self.layout = [], layout  # a copying layout's old pack is freed first
         with torch.no_grad():
-            fresh = [_pack_layer(layer, config.num_heads, config.num_kv_heads, layout)
-                     for layer in layers]
+            fresh = [_pack_layer(layer, config.num_heads, config.num_kv_heads, layout,
+                                 copy_bytes) for layer in layers]
             if old and _refresh_in_place(old, fresh, self._param_storages):
                 fresh = old
             else:
@@ -234,7 +239,9 @@ def _refresh_in_place(old: list[PackedLayer], fresh: list[PackedLayer],
     return True
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
+def _nbytes(tensor: torch.Tensor | PanelWeight) -> int:
+    if isinstance(tensor, PanelWeight):
+        return tensor.nbytes
     if tensor.layout == torch._mkldnn:  # opaque: its element count is the logical one
         return tensor.numel() * tensor.element_size()
     return tensor.nbytes
@@ -269,6 +276,8 @@ def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None,
 # False: the tensor-op path on the CPU too (what tests and bench/profile_speculative.py compare
 # the kernel with; both compute the same bits).
 ROPE_KV_KERNEL = True
+# Layouts whose products take the residual add (weight_layout.matmul's addend): one op fewer
+RESIDUAL_IN_PRODUCT = ("fold", "panels")
 # False: bf16 RMSNorms as tensor ops on the CPU too (the kernel's sum of squares may move a
 # value by one bf16 place: tlt_core.ops.rms_norm)
 RMS_NORM_KERNEL = True
@@ -332,18 +341,16 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
         out = out.transpose(1, 2).reshape(B * T, H_q * d)
         if not same_dtype:
             out = out.to(h.dtype)
-        if layout == "fold":  # + o_proj folded into the residual add
-            h = torch.addmm(h, out, packed.o)
-            if packed.o_bias is not None:
-                h = h + packed.o_bias
+        if layout in RESIDUAL_IN_PRODUCT:  # + o_proj folded into the residual add
+            h = matmul(out, packed.o, layout, packed.o_bias, addend=h)
             x = _norm(h, packed.post_attention_norm, layers.eps)
         else:
             h, x = _add_norm(h, matmul(out, packed.o, layout, packed.o_bias),
                              packed.post_attention_norm, layers.eps, norm_kernel)
         gate_up = _joined_matmul(x, packed.gate_up, layout)
         gate, up = gate_up.chunk(2, dim=-1)  # (B T, I) each
-        if layout == "fold":  # residual + SwiGLU MLP
-            h = torch.addmm(h, F.silu(gate) * up, packed.down)
+        if layout in RESIDUAL_IN_PRODUCT:  # residual + SwiGLU MLP
+            h = matmul(F.silu(gate) * up, packed.down, layout, addend=h)
         else:
             h = h + matmul(F.silu(gate) * up, packed.down, layout)
         if index in hidden_layers:

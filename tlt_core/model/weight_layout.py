@@ -13,6 +13,12 @@ inference_layout`):
   `F.linear`, which reorders the weight on every call; prepacking once makes SmolLM2-135M's
   whole bf16 decoding step 1.4x faster at batch 1 and 1.2x at batch 32 on this project's CPUs
   (`python bench/profile_step.py --model DIR`).
+- "panels" (float32 models on a CPU with AVX2 + FMA): each matrix packed in panels of 16
+  output features (tlt_core.ops.panel_matmul) for products of up to `PANEL_MAX_ROWS` rows (a
+  decode step's rows, a speculative step's trees), which read each weight once at close to the
+  memory's rate; beside it a wide pack for prefill (oneDNN's, or fold's for a model small enough
+  that fold beats oneDNN). The RMSNorm weights are folded in and the residual adds ride in the
+  product, as in "fold". The two packs take twice one copy.
 - "views" (CUDA, or any copy over the memory budget): the parameters themselves, no copy.
   q|k|v and gate|up run as one matmul when the parameters are adjacent views of one tensor
   (`fuse_projections_`, which `load_checkpoint` applies), else as separate matmuls.
@@ -25,17 +31,54 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-LAYOUTS = ("auto", "fold", "onednn", "views")
+from tlt_core import _C
+from tlt_core.ops.panel_matmul import pack_panels, vectorised
+
+LAYOUTS = ("auto", "fold", "onednn", "panels", "views")
 COPY_BUDGET_SHARE = 0.25  # of physical memory: the most a packed copy may take
 # Below this many bytes of layer weights a float32 model's step is dispatch-bound and "fold"
 # (fewer ops) wins; above it oneDNN's prepacked products do. Decoding tokens/s of onednn over
 # fold (bench/profile_step.py --dtype float32): SmolLM2-135M (400 MiB) 1.8x at batch 1, 2.4x at
 # 32; the embedded model (6 MiB) 0.6x at batch 1, 0.9x at 32.
 ONEDNN_MIN_BYTES = 64 << 20
+# Below this many bytes of float32 weights "fold" stays the choice: they stay in the CPU's caches
+# from one step to the next, where fold's fewer ops win (the embedded model, 6 MiB: fold 1.04x
+# panels at batch 1); above it they stream from memory on every step, the panels' regime
+# (SmolLM2-135M's drafter, a 14 MiB layer and a 19 MiB head: one drafting level 1.9x faster at
+# batch 1 than in fold, 3.1x at batch 4).
+PANELS_MIN_BYTES = 8 << 20
+# Products of at most this many rows use the panels; wider ones (prefill) the wide pack. Against
+# oneDNN on SmolLM2-135M's layer matrices, cold in cache, 2 AVX2 cores: 1.6x at 5 rows, 1.5x at
+# 8, 1.3x at 16, 1.1x at 32 and 64, 1.04x at 96 (the panels' micro-kernel is no GEMM blocking).
+PANEL_MAX_ROWS = 64
+
+
+def panels_wide_layout(model_bytes: int) -> str:
+    """The layout of the panels layout's wide products for a model of `model_bytes` of matrices:
+    oneDNN's where it beats fold (ONEDNN_MIN_BYTES), else fold's."""
+    return ("onednn" if model_bytes >= ONEDNN_MIN_BYTES and onednn_supports(torch.float32)
+            else "fold")
+
+
+@dataclass(frozen=True, eq=False)
+class PanelWeight:
+    """A matrix W (out_features, in) in the "panels" layout: its panels (pack_panels) and, for
+    products wider than PANEL_MAX_ROWS rows, its pack in `wide_layout`."""
+
+    panels: torch.Tensor  # (ceil(out / 16), in, 16)
+    wide: torch.Tensor  # pack_matrix(W, wide_layout)
+    wide_layout: str  # panels_wide_layout's: "onednn" or "fold"
+    out_features: int
+
+    @property
+    def nbytes(self) -> int:
+        wide = self.wide.numel() * self.wide.element_size()  # a oneDNN tensor has no .nbytes
+        return self.panels.nbytes + wide
 
 
 def onednn_available() -> bool:
@@ -78,6 +121,9 @@ def choose_layout(requested: str, dtype: torch.dtype, device: torch.device,
                          f"oneDNN multiplies {dtype} on this CPU; use 'auto' or 'views'")
     if requested == "fold" and dtype != torch.float32:
         raise ValueError(f"inference_layout: 'fold' needs float32 weights, got {dtype}")
+    if requested == "panels" and (device.type != "cpu" or dtype != torch.float32):
+        raise ValueError(f"inference_layout: 'panels' needs float32 weights on the CPU, got "
+                         f"{dtype} on {device}")
     if requested != "auto":
         return requested
     if device.type != "cpu":
@@ -85,6 +131,9 @@ def choose_layout(requested: str, dtype: torch.dtype, device: torch.device,
     memory = physical_memory_bytes()
     if memory is not None and copy_bytes > COPY_BUDGET_SHARE * memory:
         return "views"
+    if (dtype == torch.float32 and copy_bytes >= PANELS_MIN_BYTES and vectorised()
+            and (memory is None or 2 * copy_bytes <= COPY_BUDGET_SHARE * memory)):
+        return "panels"
     if dtype == torch.float32 and (copy_bytes < ONEDNN_MIN_BYTES or not onednn_supports(dtype)):
         return "fold"
     if onednn_supports(dtype):
@@ -92,8 +141,15 @@ def choose_layout(requested: str, dtype: torch.dtype, device: torch.device,
     return "views"
 
 
-def pack_matrix(weight: torch.Tensor, layout: str) -> torch.Tensor:
-    """`weight` (out, in) in the layout's form: transposed (fold), prepacked (onednn) or as is."""
+def pack_matrix(weight: torch.Tensor, layout: str, model_bytes: int | None = None
+                ) -> torch.Tensor | PanelWeight:
+    """`weight` (out, in) in the layout's form: transposed (fold), prepacked (onednn), in panels
+    (panels; its wide pack as `panels_wide_layout(model_bytes)`, the bytes of all the matrices
+    packed with it, by default its own) or as is."""
+    if layout == "panels":
+        weight = weight.contiguous()
+        wide = panels_wide_layout(weight.nbytes if model_bytes is None else model_bytes)
+        return PanelWeight(pack_panels(weight), pack_matrix(weight, wide), wide, weight.shape[0])
     if layout == "fold":
         return weight.t().contiguous()  # (in, out)
     if layout == "onednn":
@@ -101,9 +157,29 @@ def pack_matrix(weight: torch.Tensor, layout: str) -> torch.Tensor:
     return weight
 
 
-def matmul(x: torch.Tensor, packed: torch.Tensor, layout: str,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, in) @ W.T (+ bias) -> (M, out), for `packed` = pack_matrix(W, layout)."""
+def matmul(x: torch.Tensor, packed: torch.Tensor | PanelWeight, layout: str,
+           bias: torch.Tensor | None = None, addend: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, in) @ W.T (+ bias) (+ addend (M, out)) -> (M, out), for `packed` =
+    pack_matrix(W, layout). x and addend are the pass's own float32 activations in the panels
+    layout, so they are not checked again here (tlt_core.ops.panel_matmul checks a caller's)."""
+    if layout == "panels":
+        rows = x.shape[0]
+        if rows > PANEL_MAX_ROWS:
+            return matmul(x, packed.wide, packed.wide_layout, bias, addend)
+        x = x.contiguous()
+        N = packed.out_features
+        out = torch.empty(rows, N, dtype=x.dtype, device=x.device)
+        if addend is not None:
+            addend = addend.contiguous()
+        _C.panel_matmul_f32(x.data_ptr(), rows, x.shape[1], x.shape[1], packed.panels.data_ptr(),
+                            N, 0 if bias is None else bias.data_ptr(),
+                            0 if addend is None else addend.data_ptr(), N, out.data_ptr(), N, 0)
+        return out
+    if addend is not None:
+        if layout == "fold":
+            out = torch.addmm(addend, x, packed)
+            return out if bias is None else out + bias
+        return addend + matmul(x, packed, layout, bias)
     if layout == "onednn":
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     if layout == "fold":
@@ -141,8 +217,8 @@ class PackedMatrix:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  layout: str | None = None) -> torch.Tensor:
-        """x (M, in) @ weight.T (+ bias) -> (M, out), weight (out, in); layout: "onednn" or
-        "views" ("fold" means views here), None: chosen for the weight."""
+        """x (M, in) @ weight.T (+ bias) -> (M, out), weight (out, in); layout: "onednn",
+        "panels" or "views" ("fold" means views here), None: chosen for the weight."""
         return matmul(x, self.refresh(weight, layout), self.layout, bias)
 
     def refresh(self, weight: torch.Tensor, layout: str | None = None) -> torch.Tensor:
@@ -156,7 +232,7 @@ class PackedMatrix:
             # the old pack's address, where it has one (a oneDNN tensor has no storage)
             before = None if self._packed is None else (self._packed.data_ptr()
                                                         if self.layout == "views" else -1)
-            self.layout = "onednn" if layout == "onednn" else "views"
+            self.layout = layout if layout in ("onednn", "panels") else "views"
             self._packed = None  # the old pack is freed before the new one is built
             with torch.no_grad():
                 self._packed = pack_matrix(weight.detach(), self.layout)
@@ -169,4 +245,6 @@ class PackedMatrix:
         """Memory the pack takes beyond its source (0 when it is the source)."""
         if self._packed is None or self.layout == "views":
             return 0
+        if isinstance(self._packed, PanelWeight):
+            return self._packed.nbytes
         return self._packed.numel() * self._packed.element_size()

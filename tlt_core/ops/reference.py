@@ -1,8 +1,8 @@
 """pure-PyTorch reference of every tlt_core op; slow, obviously correct, the oracle in tests.
 
 The contract is the text of the C++ headers in csrc/include/tlt/ (common.h, tree.h, verify.h,
-kv_cache.h, random.h, rope.h, rms_norm.h); every function here follows that text literally and
-cites it. Tensors are CPU tensors; loops over rows and tree nodes are plain Python.
+kv_cache.h, random.h, rope.h, rms_norm.h, panel_matmul.h); every function here follows that
+text literally and cites it. Tensors are CPU tensors; loops over rows and tree nodes are plain Python.
 
 Notation:
     B  rows (batch)               N  tree nodes per row (node 0 = root)
@@ -29,6 +29,7 @@ whose header defines the state of a bad row (left untouched), so it returns row_
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Callable, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
@@ -57,6 +58,9 @@ __all__ = [
     "compact_kv",
     "philox4x32_10",
     "philox_uniforms",
+    "rope_kv_write",
+    "add_rms_norm",
+    "panel_matmul",
 ]
 
 # common.h limits (checked on the host by the kernels).
@@ -789,3 +793,54 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     scale = 1.0 / torch.sqrt(squares / float(hidden) + torch.tensor(eps, dtype=torch.float32))
     normed = (weight.float() * (values * scale[:, None]).to(torch.bfloat16).float())
     return summed, normed.to(torch.bfloat16)
+
+
+def _fma_float32(a: float, b: float, c: float) -> float:
+    """fma(a, b, c) of float32 values, rounded once to float32 (ties to even) as C's fmaf does:
+    exactly, through fractions (float64 could round twice)."""
+    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)):
+        return float(np.float32(a * b + c))  # non-finite either way, as fmaf's
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:
+        return 0.0 if not (a * b == 0 and math.copysign(1, a * b) < 0 and
+                           math.copysign(1, c) < 0) else -0.0
+    with np.errstate(over="ignore"):
+        guess = np.float32(float(exact))
+    if not math.isfinite(guess):
+        return float(guess)  # past float32's largest: overflow to +-inf
+    candidates = [guess, np.nextafter(guess, np.float32(math.inf)),
+                  np.nextafter(guess, np.float32(-math.inf))]
+    finite = [v for v in candidates if math.isfinite(v)]
+    best = min(abs(Fraction(float(v)) - exact) for v in finite)
+    nearest = [v for v in finite if abs(Fraction(float(v)) - exact) == best]
+    even = [v for v in nearest if int(np.array(v).view(np.uint32)) % 2 == 0]
+    return float((even or nearest)[0])
+
+
+def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
+                 bias: Optional[torch.Tensor] = None,
+                 addend: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """panel_matmul.h literally, bit for bit: x (M, K), panels (ceil(N / 16), K, 16), bias
+    (N,) and addend (M, N) float32; returns y (M, N) float32. Each y[r, n] is a chain of fmaf
+    over k in order from 0, then + bias[n], then + addend[r, n], each one float32 add."""
+    rows, K = x.shape
+    width = panels.shape[-1]
+    xs, ws = x.tolist(), panels.tolist()
+    bs = None if bias is None else bias.tolist()
+    adds = None if addend is None else addend.tolist()
+    y = np.zeros((rows, out_features), dtype=np.float32)
+    for r in range(rows):
+        for n in range(out_features):
+            p, j = divmod(n, width)
+            acc = 0.0
+            for k in range(K):
+                acc = _fma_float32(xs[r][k], ws[p][k][j], acc)
+            value = np.float32(acc)
+            with np.errstate(all="ignore"):  # inf and NaN are values here, as in C
+                if bs is not None:
+                    value = np.float32(value + np.float32(bs[n]))
+                if adds is not None:
+                    value = np.float32(value + np.float32(adds[r][n]))
+            y[r, n] = value
+    return torch.from_numpy(y)
+

@@ -1,0 +1,44 @@
+// The float32 products of a decode step on the CPU: y = x @ W.T (+ bias) (+ addend) for the rows
+// a step has (one per running row, or a tree's nodes), reading W once from memory however many
+// rows there are. A step of a small model streams every weight once and does little arithmetic
+// on it, so its products are bound by memory bandwidth and by how well the FMAs overlap it. On
+// SmolLM2-135M's layer matrices on 2 AVX2 cores these read 28-33 GB/s at one row where oneDNN's
+// float32 products read 14-16, and run 1.6x oneDNN's speed at 5 rows, 1.3x at 16 and 1.1x at
+// 64 (weight_layout.PANEL_MAX_ROWS); above about 100 rows oneDNN's blocked GEMM wins.
+//
+// W (N, K) is held packed in panels of 16 output features, each panel K x 16 contiguous:
+//   panels[(p * K + k) * 16 + j] = W[16 p + j, k]   (0 where 16 p + j >= N), p < ceil(N / 16)
+// so one panel is one sequential stream and the 16 sums of a row live in two vector registers.
+//
+// x (M, K) with row stride ldx, y (M, N) with row stride ldy, bias (N) or null, addend (M, N)
+// with row stride ld_addend or null (may be y itself: the residual add in place). The bits, for
+// every row r and feature n, whatever M, the thread count or the instruction set:
+//   acc = 0; for k = 0 .. K - 1: acc = fma(x[r, k], W[n, k], acc)   (one rounding each)
+//   y[r, n] = acc, then + bias[n], then + addend[r, n] (one float32 add each, when given)
+// so a row's result never depends on the other rows in the call (the engine's rows-independent
+// invariant holds bit for bit across batch sizes and tree widths).
+//
+// isa: 0 the fastest this CPU runs (AVX2 + FMA, else the portable loop), 1 the portable loop
+// (std::fma; what the tests compare the vector path with). Panels run on PyTorch's OpenMP team
+// when the weights are large enough to be worth it (parallel_for_on_openmp_team, parallel.h).
+//
+// Checked before anything is written (std::invalid_argument naming the argument): M >= 0,
+// K >= 1, N >= 1, ldx >= K, ldy >= N, ld_addend >= N with an addend, isa 0 or 1, pointers
+// non-null where needed.
+#pragma once
+
+#include <cstdint>
+
+namespace tlt {
+
+constexpr int64_t kPanelWidth = 16;
+
+void panel_matmul_f32_cpu(const float* x, int64_t rows, int64_t in_features, int64_t ldx,
+                          const float* panels, int64_t out_features, const float* bias,
+                          const float* addend, int64_t ld_addend, float* y, int64_t ldy,
+                          int isa);
+
+// Whether isa 0 runs the AVX2 + FMA path on this CPU.
+bool panel_matmul_vectorised();
+
+}  // namespace tlt

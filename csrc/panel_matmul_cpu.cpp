@@ -1,0 +1,203 @@
+// CPU implementation of panel_matmul.h. A micro-kernel multiplies up to kRowGroup rows by one to
+// four adjacent panels (vector_block): at most 12 accumulators, two loads per panel and one
+// broadcast per row each k, within AVX2's 16 vector registers. Rows beyond a group rerun the
+// task's panels, now in L2, so only the first group reads them from memory.
+#include "tlt/panel_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu_common.h"
+#include "parallel.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define TLT_PANEL_X86 1
+#endif
+
+namespace tlt {
+namespace {
+
+constexpr int kRowGroup = 3;  // with 2-4 panels: 8-12 accumulators, enough FMAs in flight
+// How far ahead in a panel the next lines are prefetched (1 KB), so the memory streams while the
+// FMAs of several rows run (SmolLM2's layers at 8 rows: 1.12x; at one row it costs 1.08x).
+constexpr int64_t kPrefetchLines = 16;
+// One claimed unit of work: 6 panels (221-590 KB at K 576-1536, so a task's later row groups
+// find them in L2), a whole number of blocks of 2 or 3 panels.
+constexpr int64_t kPanelsPerTask = 6;
+// Below this many weight bytes a call runs on the calling thread: waking a worker costs more
+// than the product (SmolLM2's smallest matrix is 1.3 MB; the embedded model's are 6-200 KB).
+constexpr int64_t kParallelBytes = 512 << 10;
+
+// y[r, n] (+ bias) (+ addend) for one panel's `width` features, from the 16 sums of row r.
+inline void finish_row(const float* sums, int width, const float* bias, const float* addend,
+                       float* y) {
+  for (int j = 0; j < width; ++j) {
+    float value = sums[j];
+    if (bias != nullptr) value += bias[j];
+    if (addend != nullptr) value += addend[j];
+    y[j] = value;
+  }
+}
+
+struct Call {
+  const float* x;
+  int64_t rows, K, ldx;
+  const float* panels;
+  int64_t N;
+  const float* bias;
+  const float* addend;
+  int64_t ld_addend;
+  float* y;
+  int64_t ldy;
+
+  // Rows [r0, r0 + group) of panel p, portable: the header's loop literally.
+  void portable(int64_t p, int64_t r0, int group) const {
+    const float* panel = panels + p * K * kPanelWidth;
+    const int width = static_cast<int>(std::min<int64_t>(kPanelWidth, N - p * kPanelWidth));
+    for (int m = 0; m < group; ++m) {
+      const float* row = x + (r0 + m) * ldx;
+      float sums[kPanelWidth] = {};
+      for (int64_t k = 0; k < K; ++k)
+        for (int j = 0; j < kPanelWidth; ++j)
+          sums[j] = std::fma(row[k], panel[k * kPanelWidth + j], sums[j]);
+      emit(p, r0 + m, sums, width);
+    }
+  }
+
+  void emit(int64_t p, int64_t r, const float* sums, int width) const {
+    const int64_t n0 = p * kPanelWidth;
+    finish_row(sums, width, bias == nullptr ? nullptr : bias + n0,
+               addend == nullptr ? nullptr : addend + r * ld_addend + n0, y + r * ldy + n0);
+  }
+
+#ifdef TLT_PANEL_X86
+  // G rows by C adjacent panels: 2 G C accumulators, so few rows still keep 8-12 independent
+  // FMA chains in flight (one row by one panel has 2, and waits on the FMA latency), and the
+  // next cache lines of each panel are prefetched so the memory streams while the FMAs run.
+  template <int G, int C>
+  __attribute__((target("avx2,fma"))) void vector_block(int64_t p, int64_t r0) const {
+    // Every loop over the accumulators is unrolled, so each is a register: indexed at run time
+    // anywhere, GCC keeps the array in memory too and stores each accumulator on every k.
+    const int64_t depth = K;
+    const float* row[G];
+    for (int m = 0; m < G; ++m) row[m] = x + (r0 + m) * ldx;
+    const float* panel[C];
+    for (int c = 0; c < C; ++c) panel[c] = panels + (p + c) * depth * kPanelWidth;
+    __m256 acc[G][C][2];
+#pragma GCC unroll 16
+    for (int m = 0; m < G; ++m)
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) acc[m][c][0] = acc[m][c][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < depth; ++k) {
+      __m256 value[G];
+#pragma GCC unroll 16
+      for (int m = 0; m < G; ++m) value[m] = _mm256_broadcast_ss(row[m] + k);
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) {
+        const float* line = panel[c] + k * kPanelWidth;  // one 64-byte line per k
+        if constexpr (G > 1)  // measured: helps where FMAs are many, costs at one row
+          _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchLines * kPanelWidth),
+                       _MM_HINT_T0);
+        const __m256 low = _mm256_loadu_ps(line), high = _mm256_loadu_ps(line + 8);
+#pragma GCC unroll 16
+        for (int m = 0; m < G; ++m) {
+          acc[m][c][0] = _mm256_fmadd_ps(value[m], low, acc[m][c][0]);
+          acc[m][c][1] = _mm256_fmadd_ps(value[m], high, acc[m][c][1]);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const int width =
+          static_cast<int>(std::min<int64_t>(kPanelWidth, N - (p + c) * kPanelWidth));
+#pragma GCC unroll 16
+      for (int m = 0; m < G; ++m) {
+        alignas(32) float sums[kPanelWidth];
+        _mm256_store_ps(sums, acc[m][c][0]);
+        _mm256_store_ps(sums + 8, acc[m][c][1]);
+        emit(p + c, r0 + m, sums, width);
+      }
+    }
+  }
+
+  // Panels [p0, p1) for rows [r0, r0 + group): blocks of the widest C that fits the registers.
+  template <int G, int C>
+  void vector_rows(int64_t p0, int64_t p1, int64_t r0) const {
+    int64_t p = p0;
+    for (; p + C <= p1; p += C) vector_block<G, C>(p, r0);
+    switch (p1 - p) {  // the task's last few panels, as wide as they go
+      case 3: vector_block<G, 3>(p, r0); break;
+      case 2: vector_block<G, 2>(p, r0); break;
+      case 1: vector_block<G, 1>(p, r0); break;
+      default: break;
+    }
+  }
+
+  void vector(int64_t p0, int64_t p1, int64_t r0, int group) const {
+    switch (group) {
+      case 1: vector_rows<1, 4>(p0, p1, r0); break;
+      case 2: vector_rows<2, 3>(p0, p1, r0); break;
+      default: vector_rows<kRowGroup, 2>(p0, p1, r0); break;
+    }
+  }
+#endif
+
+  void panels_range(int64_t p0, int64_t p1, bool use_vector) const {
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup) {
+      const int group = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r0));
+#ifdef TLT_PANEL_X86
+      if (use_vector) {
+        vector(p0, p1, r0, group);
+        continue;
+      }
+#endif
+      for (int64_t p = p0; p < p1; ++p) portable(p, r0, group);
+    }
+  }
+};
+
+}  // namespace
+
+bool panel_matmul_vectorised() {
+#ifdef TLT_PANEL_X86
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+void panel_matmul_f32_cpu(const float* x, int64_t rows, int64_t in_features, int64_t ldx,
+                          const float* panels, int64_t out_features, const float* bias,
+                          const float* addend, int64_t ld_addend, float* y, int64_t ldy,
+                          int isa) {
+  cpu::require(rows >= 0, "x", "rows must be >= 0");
+  cpu::require(in_features >= 1, "x", "in_features K must be >= 1");
+  cpu::require(out_features >= 1, "panels", "out_features N must be >= 1");
+  cpu::require(ldx >= in_features, "x", "row stride must be >= K");
+  cpu::require(ldy >= out_features, "out", "row stride must be >= N");
+  cpu::require(addend == nullptr || ld_addend >= out_features, "addend",
+               "row stride must be >= N");
+  cpu::require(isa == 0 || isa == 1, "isa", "must be 0 (fastest) or 1 (portable)");
+  cpu::require(panels != nullptr, "panels", "is null");
+  if (rows == 0) return;
+  cpu::require(x != nullptr, "x", "is null");
+  cpu::require(y != nullptr, "out", "is null");
+  const Call call{x, rows, in_features, ldx, panels, out_features, bias, addend, ld_addend, y, ldy};
+  const bool use_vector = isa == 0 && panel_matmul_vectorised();
+  const int64_t num_panels = (out_features + kPanelWidth - 1) / kPanelWidth;
+  const int64_t weight_bytes = num_panels * kPanelWidth * in_features * 4;
+  if (weight_bytes < kParallelBytes) {
+    call.panels_range(0, num_panels, use_vector);
+    return;
+  }
+  const int64_t tasks = (num_panels + kPanelsPerTask - 1) / kPanelsPerTask;
+  cpu::parallel_for_on_openmp_team(tasks, [&](int64_t task) {
+    const int64_t p0 = task * kPanelsPerTask;
+    call.panels_range(p0, std::min(num_panels, p0 + kPanelsPerTask), use_vector);
+  });
+}
+
+}  // namespace tlt

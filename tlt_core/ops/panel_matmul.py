@@ -1,0 +1,104 @@
+"""`panel_matmul`: float32 `x @ W.T (+ bias) (+ addend)` for the few rows of a decode step on the
+CPU, over W packed once by `pack_panels` (csrc/include/tlt/panel_matmul.h).
+
+A decode step at batch 1 to 16 streams each weight once and does little arithmetic on it; this
+product reads the weights at close to the memory's rate whatever the row count (up to 16), and
+each row's bits are independent of the other rows (a fused multiply-add per k, in order). The
+packed inference pass uses it through the "panels" weight layout (tlt_core.model.weight_layout).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tlt_core import _C
+
+PANEL_WIDTH: int = _C.panel_width
+ISAS = {"auto": 0, "portable": 1}
+
+
+def vectorised() -> bool:
+    """Whether this CPU runs the AVX2 + FMA path (else the portable loop, correct but slow)."""
+    return bool(_C.panel_matmul_vectorised())
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """W (N, K) float32 -> its panels (ceil(N / 16), K, 16): panels[p, k, j] = W[16 p + j, k], zero
+    past N. A new tensor; `weight` is not written."""
+    _check(weight, "weight", None)
+    out_features, in_features = weight.shape
+    num_panels = -(-out_features // PANEL_WIDTH)
+    padded = weight.new_zeros(num_panels * PANEL_WIDTH, in_features)
+    padded[:out_features] = weight
+    return padded.view(num_panels, PANEL_WIDTH, in_features).transpose(1, 2).contiguous()
+
+
+def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
+                 bias: torch.Tensor | None = None, addend: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None, isa: str = "auto") -> torch.Tensor:
+    """x (M, K) @ W.T, then + bias (N,), then + addend (M, N), for panels = pack_panels(W) of W
+    (out_features, K); contiguous CPU float32 tensors (x and addend may have a row stride). Into
+    `out` (M, N) when given (it may be `addend`: the add in place), else a new tensor.
+    isa: "auto" (AVX2 + FMA where the CPU has them) or "portable" (the header's loop)."""
+    _check(x, "x", None, rows_strided=True)
+    rows, in_features = x.shape
+    if not isinstance(out_features, int) or isinstance(out_features, bool) or out_features < 1:
+        raise ValueError(f"out_features: expected an int >= 1, got {out_features!r}")
+    num_panels = -(-out_features // PANEL_WIDTH)
+    _check(panels, "panels", (num_panels, in_features, PANEL_WIDTH))
+    if bias is not None:
+        _check(bias, "bias", (out_features,))
+    if addend is not None:
+        _check(addend, "addend", (rows, out_features), rows_strided=True)
+    if out is None:
+        out = x.new_empty(rows, out_features)
+    else:
+        _check(out, "out", (rows, out_features), rows_strided=True)
+        if out is not addend and addend is not None and _overlaps(out, addend):
+            raise ValueError("out: overlaps addend without being it; pass addend itself as out "
+                             "for an add in place")
+    if _overlaps(out, x) or _overlaps(out, panels) or (bias is not None and _overlaps(out, bias)):
+        raise ValueError("out: overlaps an input (x, panels or bias)")
+    if isa not in ISAS:
+        raise ValueError(f"isa: expected one of {sorted(ISAS)}, got {isa!r}")
+    _C.panel_matmul_f32(x.data_ptr(), rows, in_features, _row_stride(x), panels.data_ptr(),
+                        out_features, 0 if bias is None else bias.data_ptr(),
+                        0 if addend is None else addend.data_ptr(),
+                        _row_stride(addend) if addend is not None else out_features,
+                        out.data_ptr(), _row_stride(out), ISAS[isa])
+    return out
+
+
+def _row_stride(tensor: torch.Tensor) -> int:
+    return tensor.stride(0) if tensor.shape[0] > 1 else tensor.shape[1]
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a_start = a.data_ptr()
+    a_end = a_start + ((a.shape[0] - 1) * a.stride(0) + a.shape[-1]) * a.element_size() \
+        if a.dim() == 2 else a_start + a.numel() * a.element_size()
+    b_start = b.data_ptr()
+    b_end = b_start + ((b.shape[0] - 1) * b.stride(0) + b.shape[-1]) * b.element_size() \
+        if b.dim() == 2 else b_start + b.numel() * b.element_size()
+    return a_start < b_end and b_start < a_end
+
+
+def _check(tensor, name: str, shape: tuple[int, ...] | None, rows_strided: bool = False) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch tensor, got {type(tensor).__name__}")
+    dense = (tensor.is_contiguous() if not rows_strided or tensor.dim() != 2
+             else tensor.stride(1) == 1 and (tensor.shape[0] <= 1
+                                             or tensor.stride(0) >= tensor.shape[1]))
+    if tensor.dtype != torch.float32 or tensor.device.type != "cpu" or not dense:
+        what = "contiguous rows" if rows_strided else "contiguous"
+        raise ValueError(f"{name}: expected a CPU float32 tensor with {what}, got "
+                         f"{tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
+                         + ("" if dense else " (not dense)"))
+    if shape is None:
+        if tensor.dim() != 2 or tensor.shape[1] < 1:
+            raise ValueError(f"{name}: expected (rows, features) with features >= 1, got "
+                             f"{tuple(tensor.shape)}")
+    elif tuple(tensor.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(tensor.shape)}")
