@@ -54,8 +54,9 @@ ONEDNN_MIN_BYTES = 64 << 20
 PANELS_MIN_BYTES = 8 << 20
 # Products of at most this many rows use the panels; wider ones (prefill) the wide pack. Against
 # oneDNN on SmolLM2-135M's layer matrices, cold in cache, 2 AVX2 cores: 1.6x at 5 rows, 1.5x at
-# 8, 1.3x at 16, 1.1x at 32 and 64, 1.04x at 96 (the panels' micro-kernel is no GEMM blocking).
-PANEL_MAX_ROWS = 64
+# 8, 1.3x at 16, 1.1x at 32 to 80, 1.06x at 128, 1.01x at 160 (the panels' micro-kernel has no
+# GEMM's cache blocking).
+PANEL_MAX_ROWS = 128
 
 
 def panels_wide_layout(model_bytes: int) -> str:
