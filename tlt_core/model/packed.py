@@ -10,18 +10,17 @@ and "panels" layouts the residual adds ride in the product (`addmm`, the panel k
 and the RMSNorm weights are folded into the matmul after them (the norm is then
 `x * rsqrt(|x|^2 / H + eps)`, four cheap ops where `F.rms_norm` dispatches seven).
 
-How the weights are held is a layout (tlt_core.model.weight_layout): copies made for speed
-("fold", "onednn"; the copy is at most a quarter of the machine's memory) or the parameters
+How the weights are held is a layout (tlt_core.model.weight_layout): copies made for speed ("fold",
+"onednn", "panels"; the copies are at most a quarter of the machine's memory) or the parameters
 themselves ("views", no copy). The parameters stay the one source of truth: a copy is rebuilt
-whenever any of them changed (a tensor's storage and version counter identify its contents), so
-an optimizer step, a load_state_dict or a .to() is seen by the next pass without anyone calling
-a refresh. In the views layout (the GPU's) a changed pack is refreshed in place: its few copies
-(joined biases, q/k norms) are written into the tensors already held, so a CUDA graph that
-captured the pass reads the new weights; only when that is impossible (a parameter replaced by
-a tensor of another shape, a copying layout) is the pack rebuilt and `generation` bumped, which
-tells graph owners to capture again. The pack holds no autograd history: the packed pass is for
-inference. Logits are
-computed only at the positions a caller asks for (prefill needs each row's last).
+whenever any of them changed (a tensor's storage and version counter identify its contents), so an
+optimizer step, a load_state_dict or a .to() is seen by the next pass without anyone calling a
+refresh. In the views layout (the GPU's) a changed pack is refreshed in place: its few copies
+(joined biases, q/k norms) are written into the tensors already held, so a CUDA graph that captured
+the pass reads the new weights; only when that is impossible (a parameter replaced by a tensor of
+another shape, a copying layout) is the pack rebuilt and `generation` bumped, which tells graph
+owners to capture again. The pack holds no autograd history: the packed pass is for inference.
+Logits are computed only at the positions a caller asks for (prefill needs each row's last).
 
 The drafter runs its one layer through the same code (PackedLayers, run_layers).
 
