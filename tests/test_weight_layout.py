@@ -121,12 +121,18 @@ def test_onednn_pack_follows_weight_updates():
     model = model_of("qwen3", torch.bfloat16)
     before, _ = step_and_forward(model, torch.bfloat16)
     assert model._decoder.layers.layout == "onednn"
+    assert_steps_follow_an_update(model, torch.bfloat16, before)
+
+
+def assert_steps_follow_an_update(model: Transformer, dtype: torch.dtype, before: torch.Tensor):
+    """Scales a layer's down projection and the LM head in place: the next steps' logits move
+    (from `before`) and still equal forward's."""
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight.mul_(3.0)
         model.lm_head.weight.mul_(0.5)
-    after, expected = step_and_forward(model, torch.bfloat16)
+    after, expected = step_and_forward(model, dtype)
     assert (after - before).abs().max() > 0.01
-    assert (after - expected).abs().max() <= TOLERANCE[torch.bfloat16] * expected.abs().max()
+    assert (after - expected).abs().max() <= TOLERANCE[dtype] * expected.abs().max()
 
 
 def test_a_model_packed_in_bf16_decodes_after_turning_float32():
@@ -258,12 +264,7 @@ def test_panels_pack_follows_weight_updates_and_counts_both_packs():
     assert isinstance(packed.gate_up, weight_layout.PanelWeight)
     layer_bytes = sum(p.nbytes for p in model.model.layers.parameters() if p.dim() == 2)
     assert model._decoder.layers.copy_bytes() == 2 * layer_bytes  # the panels and the wide pack
-    with torch.no_grad():
-        model.model.layers[1].mlp.down_proj.weight.mul_(3.0)
-        model.lm_head.weight.mul_(0.5)
-    after, expected = step_and_forward(model, torch.float32)
-    assert (after - before).abs().max() > 0.01
-    assert (after - expected).abs().max() <= TOLERANCE[torch.float32] * expected.abs().max()
+    assert_steps_follow_an_update(model, torch.float32, before)
 
 
 @pytest.mark.parametrize("rows", [1, weight_layout.PANEL_MAX_ROWS,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tlt_core import _C
+from tlt_core.ops._cpu_tensors import check_cpu_matrix
 
 PANEL_WIDTH: int = _C.panel_width
 ISAS = {"auto": 0, "portable": 1}
@@ -86,19 +87,5 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _check(tensor, name: str, shape: tuple[int, ...] | None, rows_strided: bool = False) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch tensor, got {type(tensor).__name__}")
-    dense = (tensor.is_contiguous() if not rows_strided or tensor.dim() != 2
-             else tensor.stride(1) == 1 and (tensor.shape[0] <= 1
-                                             or tensor.stride(0) >= tensor.shape[1]))
-    if tensor.dtype != torch.float32 or tensor.device.type != "cpu" or not dense:
-        what = "contiguous rows" if rows_strided else "contiguous"
-        raise ValueError(f"{name}: expected a CPU float32 tensor with {what}, got "
-                         f"{tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
-                         + ("" if dense else " (not dense)"))
-    if shape is None:
-        if tensor.dim() != 2 or tensor.shape[1] < 1:
-            raise ValueError(f"{name}: expected (rows, features) with features >= 1, got "
-                             f"{tuple(tensor.shape)}")
-    elif tuple(tensor.shape) != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {tuple(tensor.shape)}")
+    check_cpu_matrix(tensor, name, torch.float32, shape, columns="features",
+                     rows_strided=rows_strided)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from tlt_core import _C
+from tlt_core.ops._cpu_tensors import check_cpu_matrix
 
 
 def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -37,16 +38,4 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 
 
 def _check(tensor, name: str, shape: tuple[int, ...] | None) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch tensor, got {type(tensor).__name__}")
-    if tensor.dtype != torch.bfloat16 or tensor.device.type != "cpu" \
-            or not tensor.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous CPU bfloat16 tensor, got "
-                         f"{tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
-                         + ("" if tensor.is_contiguous() else " (not contiguous)"))
-    if shape is None:
-        if tensor.dim() != 2 or tensor.shape[1] < 1:
-            raise ValueError(f"{name}: expected (rows, hidden) with hidden >= 1, got "
-                             f"{tuple(tensor.shape)}")
-    elif tuple(tensor.shape) != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {tuple(tensor.shape)}")
+    check_cpu_matrix(tensor, name, torch.bfloat16, shape, columns="hidden")
