@@ -36,8 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tlt_core import _C
-from tlt_core.ops.panel_matmul import pack_panels, vectorised
+from tlt_core.ops.panel_matmul import launch as launch_panels, pack_panels, vectorised
 
 LAYOUTS = ("auto", "fold", "onednn", "panels", "views")
 COPY_BUDGET_SHARE = 0.25  # of physical memory: the most a packed copy may take
@@ -47,8 +46,9 @@ COPY_BUDGET_SHARE = 0.25  # of physical memory: the most a packed copy may take
 # 32; the embedded model (6 MiB) 0.6x at batch 1, 0.9x at 32.
 ONEDNN_MIN_BYTES = 64 << 20
 # Below this many bytes of float32 weights "fold" stays the choice: they stay in the CPU's caches
-# from one step to the next, where fold's fewer ops win (the embedded model, 6 MiB: fold 1.04x
-# panels at batch 1); above it they stream from memory on every step, the panels' regime
+# from one step to the next, where reading them once gains little (the embedded model, 6 MiB,
+# `python bench/profile_step.py --batch 1,8,32`: fold 1.02x panels at batch 1, panels 1.15x at
+# 8, fold 1.01x at 32); above it they stream from memory on every step, the panels' regime
 # (SmolLM2-135M's drafter, a 14 MiB layer and a 19 MiB head: one drafting level 1.9x faster at
 # batch 1 than in fold, 3.1x at batch 4).
 PANELS_MIN_BYTES = 8 << 20
@@ -168,14 +168,9 @@ def matmul(x: torch.Tensor, packed: torch.Tensor | PanelWeight, layout: str,
         if rows > PANEL_MAX_ROWS:
             return matmul(x, packed.wide, packed.wide_layout, bias, addend)
         x = x.contiguous()
-        N = packed.out_features
-        out = torch.empty(rows, N, dtype=x.dtype, device=x.device)
-        if addend is not None:
-            addend = addend.contiguous()
-        _C.panel_matmul_f32(x.data_ptr(), rows, x.shape[1], x.shape[1], packed.panels.data_ptr(),
-                            N, 0 if bias is None else bias.data_ptr(),
-                            0 if addend is None else addend.data_ptr(), N, out.data_ptr(), N, 0)
-        return out
+        out = torch.empty(rows, packed.out_features, dtype=x.dtype, device=x.device)
+        return launch_panels(x, packed.panels, packed.out_features, bias,
+                             None if addend is None else addend.contiguous(), out)
     if addend is not None:
         if layout == "fold":
             out = torch.addmm(addend, x, packed)

@@ -62,11 +62,19 @@ def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
         raise ValueError("out: overlaps an input (x, panels or bias)")
     if isa not in ISAS:
         raise ValueError(f"isa: expected one of {sorted(ISAS)}, got {isa!r}")
-    _C.panel_matmul_f32(x.data_ptr(), rows, in_features, _row_stride(x), panels.data_ptr(),
+    return launch(x, panels, out_features, bias, addend, out, ISAS[isa])
+
+
+def launch(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+           addend: torch.Tensor | None, out: torch.Tensor, isa_code: int = 0) -> torch.Tensor:
+    """panel_matmul without its checks, for arguments already known good (panel_matmul's after
+    checking them; the packed pass's own activations, whose every call a check would cost
+    ~30 us): rows dense, shapes as panel_matmul's, `out` overlapping no input but `addend`."""
+    _C.panel_matmul_f32(x.data_ptr(), x.shape[0], x.shape[1], _row_stride(x), panels.data_ptr(),
                         out_features, 0 if bias is None else bias.data_ptr(),
                         0 if addend is None else addend.data_ptr(),
-                        _row_stride(addend) if addend is not None else out_features,
-                        out.data_ptr(), _row_stride(out), ISAS[isa])
+                        out_features if addend is None else _row_stride(addend),
+                        out.data_ptr(), _row_stride(out), isa_code)
     return out
 
 
@@ -74,15 +82,17 @@ def _row_stride(tensor: torch.Tensor) -> int:
     return tensor.stride(0) if tensor.shape[0] > 1 else tensor.shape[1]
 
 
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """[first byte, last byte + 1) of a contiguous tensor or a matrix with dense rows."""
+    elements = ((tensor.shape[0] - 1) * tensor.stride(0) + tensor.shape[1] if tensor.dim() == 2
+                else tensor.numel())
+    return tensor.data_ptr(), tensor.data_ptr() + elements * tensor.element_size()
+
+
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.numel() == 0 or b.numel() == 0:
         return False
-    a_start = a.data_ptr()
-    a_end = a_start + ((a.shape[0] - 1) * a.stride(0) + a.shape[-1]) * a.element_size() \
-        if a.dim() == 2 else a_start + a.numel() * a.element_size()
-    b_start = b.data_ptr()
-    b_end = b_start + ((b.shape[0] - 1) * b.stride(0) + b.shape[-1]) * b.element_size() \
-        if b.dim() == 2 else b_start + b.numel() * b.element_size()
+    (a_start, a_end), (b_start, b_end) = _byte_span(a), _byte_span(b)
     return a_start < b_end and b_start < a_end
 
 

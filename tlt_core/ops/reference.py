@@ -2,7 +2,8 @@
 
 The contract is the text of the C++ headers in csrc/include/tlt/ (common.h, tree.h, verify.h,
 kv_cache.h, random.h, rope.h, rms_norm.h, panel_matmul.h); every function here follows that
-text literally and cites it. Tensors are CPU tensors; loops over rows and tree nodes are plain Python.
+text literally and cites it. Tensors are CPU tensors; loops over rows and tree nodes are plain
+Python.
 
 Notation:
     B  rows (batch)               N  tree nodes per row (node 0 = root)
@@ -801,9 +802,11 @@ def _fma_float32(a: float, b: float, c: float) -> float:
     if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)):
         return float(np.float32(a * b + c))  # non-finite either way, as fmaf's
     exact = Fraction(a) * Fraction(b) + Fraction(c)
-    if exact == 0:
-        return 0.0 if not (a * b == 0 and math.copysign(1, a * b) < 0 and
-                           math.copysign(1, c) < 0) else -0.0
+    if exact == 0:  # an exact zero sum is +0, but (-0) + (-0) is -0
+        product = a * b
+        both_negative_zeros = product == 0 and math.copysign(1, product) < 0 \
+            and math.copysign(1, c) < 0
+        return -0.0 if both_negative_zeros else 0.0
     with np.errstate(over="ignore"):
         guess = np.float32(float(exact))
     if not math.isfinite(guess):
