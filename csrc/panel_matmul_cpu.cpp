@@ -1,12 +1,16 @@
 // CPU implementation of panel_matmul.h. A micro-kernel multiplies up to kRowGroup rows by one to
 // four adjacent panels (vector_block): at most 12 accumulators, two loads per panel and one
 // broadcast per row each k, within AVX2's 16 vector registers. Rows beyond a group rerun the
-// task's panels, now in L2, so only the first group reads them from memory.
+// task's panels, now in L2, so only the first group reads them from memory. One template serves
+// both element types: a bfloat16 weight widens to float32 as it is loaded (a shift), so the
+// arithmetic, and every bit of the sums, is the float32 kernel's.
 #include "tlt/panel_matmul.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "cpu_common.h"
 #include "parallel.h"
@@ -30,38 +34,58 @@ constexpr int64_t kPanelsPerTask = 6;
 // than the product (SmolLM2's smallest matrix is 1.3 MB; the embedded model's are 6-200 KB).
 constexpr int64_t kParallelBytes = 512 << 10;
 
+// The element types as storage: bfloat16 is the upper half of a float32.
+inline float widen(float value) { return value; }
+inline float widen(uint16_t value) { return cpu::bfloat16_to_float(value); }
+inline void narrow(float value, float* out) { *out = value; }
+inline void narrow(float value, uint16_t* out) { *out = cpu::float_to_bfloat16(value); }
+
 // y[r, n] (+ bias) (+ addend) for one panel's `width` features, from the 16 sums of row r.
-inline void finish_row(const float* sums, int width, const float* bias, const float* addend,
-                       float* y) {
+template <typename T>
+inline void finish_row(const float* sums, int width, const T* bias, const T* addend, T* y) {
   for (int j = 0; j < width; ++j) {
     float value = sums[j];
-    if (bias != nullptr) value += bias[j];
-    if (addend != nullptr) value += addend[j];
-    y[j] = value;
+    if (bias != nullptr) value += widen(bias[j]);
+    if (addend != nullptr) value += widen(addend[j]);
+    narrow(value, y + j);
   }
 }
 
+#ifdef TLT_PANEL_X86
+// Eight weights of a panel line as float32.
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* line) {
+  return _mm256_loadu_ps(line);
+}
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* line) {
+  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(line));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+}
+#endif
+
+// T: the element type of the panels, bias, addend and y (float, or uint16_t for bfloat16); x is
+// float32 here (a bfloat16 x is widened once per call, before the panels run).
+template <typename T>
 struct Call {
   const float* x;
   int64_t rows, K, ldx;
-  const float* panels;
+  const T* panels;
   int64_t N;
-  const float* bias;
-  const float* addend;
+  const T* bias;
+  const T* addend;
   int64_t ld_addend;
-  float* y;
+  T* y;
   int64_t ldy;
 
   // Rows [r0, r0 + group) of panel p, portable: the header's loop literally.
   void portable(int64_t p, int64_t r0, int group) const {
-    const float* panel = panels + p * K * kPanelWidth;
+    const T* panel = panels + p * K * kPanelWidth;
     const int width = static_cast<int>(std::min<int64_t>(kPanelWidth, N - p * kPanelWidth));
     for (int m = 0; m < group; ++m) {
       const float* row = x + (r0 + m) * ldx;
       float sums[kPanelWidth] = {};
       for (int64_t k = 0; k < K; ++k)
         for (int j = 0; j < kPanelWidth; ++j)
-          sums[j] = std::fma(row[k], panel[k * kPanelWidth + j], sums[j]);
+          sums[j] = std::fma(row[k], widen(panel[k * kPanelWidth + j]), sums[j]);
       emit(p, r0 + m, sums, width);
     }
   }
@@ -83,7 +107,7 @@ struct Call {
     const int64_t depth = K;
     const float* row[G];
     for (int m = 0; m < G; ++m) row[m] = x + (r0 + m) * ldx;
-    const float* panel[C];
+    const T* panel[C];
     for (int c = 0; c < C; ++c) panel[c] = panels + (p + c) * depth * kPanelWidth;
     __m256 acc[G][C][2];
 #pragma GCC unroll 16
@@ -96,11 +120,13 @@ struct Call {
       for (int m = 0; m < G; ++m) value[m] = _mm256_broadcast_ss(row[m] + k);
 #pragma GCC unroll 16
       for (int c = 0; c < C; ++c) {
-        const float* line = panel[c] + k * kPanelWidth;  // one 64-byte line per k
-        if constexpr (G > 1)  // measured: helps where FMAs are many, costs at one row
+        const T* line = panel[c] + k * kPanelWidth;  // one cache line (bf16: half) per k
+        // measured: helps where FMAs are many, and for bfloat16 (SmolLM2's layers at one row:
+        // 1.05x), costs float32 at one row
+        if constexpr (G > 1 || !std::is_same_v<T, float>)
           _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchLines * kPanelWidth),
                        _MM_HINT_T0);
-        const __m256 low = _mm256_loadu_ps(line), high = _mm256_loadu_ps(line + 8);
+        const __m256 low = load8(line), high = load8(line + 8);
 #pragma GCC unroll 16
         for (int m = 0; m < G; ++m) {
           acc[m][c][0] = _mm256_fmadd_ps(value[m], low, acc[m][c][0]);
@@ -169,10 +195,11 @@ bool panel_matmul_vectorised() {
 #endif
 }
 
-void panel_matmul_f32_cpu(const float* x, int64_t rows, int64_t in_features, int64_t ldx,
-                          const float* panels, int64_t out_features, const float* bias,
-                          const float* addend, int64_t ld_addend, float* y, int64_t ldy,
-                          int isa) {
+namespace {
+
+void check_sizes(int64_t rows, int64_t in_features, int64_t ldx, const void* panels,
+                 int64_t out_features, const void* addend, int64_t ld_addend, int64_t ldy,
+                 int isa) {
   cpu::require(rows >= 0, "x", "rows must be >= 0");
   cpu::require(in_features >= 1, "x", "in_features K must be >= 1");
   cpu::require(out_features >= 1, "panels", "out_features N must be >= 1");
@@ -182,13 +209,14 @@ void panel_matmul_f32_cpu(const float* x, int64_t rows, int64_t in_features, int
                "row stride must be >= N");
   cpu::require(isa == 0 || isa == 1, "isa", "must be 0 (fastest) or 1 (portable)");
   cpu::require(panels != nullptr, "panels", "is null");
-  if (rows == 0) return;
-  cpu::require(x != nullptr, "x", "is null");
-  cpu::require(y != nullptr, "out", "is null");
-  const Call call{x, rows, in_features, ldx, panels, out_features, bias, addend, ld_addend, y, ldy};
+}
+
+template <typename T>
+void run(const Call<T>& call, int isa) {
   const bool use_vector = isa == 0 && panel_matmul_vectorised();
-  const int64_t num_panels = (out_features + kPanelWidth - 1) / kPanelWidth;
-  const int64_t weight_bytes = num_panels * kPanelWidth * in_features * 4;
+  const int64_t num_panels = (call.N + kPanelWidth - 1) / kPanelWidth;
+  const int64_t weight_bytes =
+      num_panels * kPanelWidth * call.K * static_cast<int64_t>(sizeof(T));
   if (weight_bytes < kParallelBytes) {
     call.panels_range(0, num_panels, use_vector);
     return;
@@ -198,6 +226,41 @@ void panel_matmul_f32_cpu(const float* x, int64_t rows, int64_t in_features, int
     const int64_t p0 = task * kPanelsPerTask;
     call.panels_range(p0, std::min(num_panels, p0 + kPanelsPerTask), use_vector);
   });
+}
+
+}  // namespace
+
+void panel_matmul_f32_cpu(const float* x, int64_t rows, int64_t in_features, int64_t ldx,
+                          const float* panels, int64_t out_features, const float* bias,
+                          const float* addend, int64_t ld_addend, float* y, int64_t ldy,
+                          int isa) {
+  check_sizes(rows, in_features, ldx, panels, out_features, addend, ld_addend, ldy, isa);
+  if (rows == 0) return;
+  cpu::require(x != nullptr, "x", "is null");
+  cpu::require(y != nullptr, "out", "is null");
+  run(Call<float>{x, rows, in_features, ldx, panels, out_features, bias, addend, ld_addend, y,
+                  ldy},
+      isa);
+}
+
+void panel_matmul_bf16_cpu(const uint16_t* x, int64_t rows, int64_t in_features, int64_t ldx,
+                           const uint16_t* panels, int64_t out_features, const uint16_t* bias,
+                           const uint16_t* addend, int64_t ld_addend, uint16_t* y, int64_t ldy,
+                           int isa) {
+  check_sizes(rows, in_features, ldx, panels, out_features, addend, ld_addend, ldy, isa);
+  if (rows == 0) return;
+  cpu::require(x != nullptr, "x", "is null");
+  cpu::require(y != nullptr, "out", "is null");
+  // x widened once (a step's few rows: a few KB), so the micro-kernel broadcasts float32 as in
+  // the float32 product; reused across calls, as every layer of every step makes several.
+  thread_local std::vector<float> wide_x;
+  wide_x.resize(static_cast<size_t>(rows * in_features));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < in_features; ++k)
+      wide_x[r * in_features + k] = widen(x[r * ldx + k]);
+  run(Call<uint16_t>{wide_x.data(), rows, in_features, in_features, panels, out_features, bias,
+                     addend, ld_addend, y, ldy},
+      isa);
 }
 
 }  // namespace tlt

@@ -229,6 +229,14 @@ void panel_matmul_f32(uintptr_t x, int64_t rows, int64_t in_features, int64_t ld
                             ld_addend, ptr<float>(out), ldy, isa);
 }
 
+void panel_matmul_bf16(uintptr_t x, int64_t rows, int64_t in_features, int64_t ldx,
+                       uintptr_t panels, int64_t out_features, uintptr_t bias, uintptr_t addend,
+                       int64_t ld_addend, uintptr_t out, int64_t ldy, int isa) {
+  tlt::panel_matmul_bf16_cpu(ptr<const uint16_t>(x), rows, in_features, ldx,
+                             ptr<const uint16_t>(panels), out_features, ptr<const uint16_t>(bias),
+                             ptr<const uint16_t>(addend), ld_addend, ptr<uint16_t>(out), ldy, isa);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -244,6 +252,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("rope_kv_write", &rope_kv_write, nogil);
   m.def("add_rms_norm_bf16", &add_rms_norm_bf16, nogil);
   m.def("panel_matmul_f32", &panel_matmul_f32, nogil);
+  m.def("panel_matmul_bf16", &panel_matmul_bf16, nogil);
   m.def("panel_matmul_vectorised", &tlt::panel_matmul_vectorised);
   m.attr("panel_width") = tlt::kPanelWidth;
   // Idle detection (tlt/idle.h); std::invalid_argument surfaces as ValueError.

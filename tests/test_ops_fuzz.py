@@ -596,13 +596,14 @@ def fuzz_panel_matmul(data) -> bool:
     rows, out_features = data.draw(st.integers(0, 3)), data.draw(st.integers(1, 20))
     in_features = data.draw(st.integers(1, 12))
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
-    float_dtypes = [torch.float32] * 9 + ALL_DTYPES
+    dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    float_dtypes = [dtype] * 9 + ALL_DTYPES
 
     def tensor(values):
-        return draw_array(data, objects(values.tolist()).reshape(values.shape), torch.float32,
+        return draw_array(data, objects(values.tolist()).reshape(values.shape), dtype,
                           SPECIAL_FLOATS, dtypes=float_dtypes)
 
-    panels = ops.pack_panels(torch.randn(out_features, in_features, generator=g))
+    panels = ops.pack_panels(torch.randn(out_features, in_features, generator=g).to(dtype))
     x = tensor(torch.randn(rows, in_features, generator=g))
     if data.draw(st.integers(0, 3)) == 0:  # mostly the pack as made: x and N vary more
         panels = tensor(panels)

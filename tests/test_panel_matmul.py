@@ -1,5 +1,5 @@
-"""The float32 panel product (tlt_core.ops.panel_matmul, csrc/include/tlt/panel_matmul.h): its
-bits are the header's (tlt_core.ops.reference, exact fmaf chains), the same on the AVX2 path and
+"""The panel product in float32 and bfloat16 (tlt_core.ops.panel_matmul,
+csrc/include/tlt/panel_matmul.h): its bits are the header's (tlt_core.ops.reference, exact fmaf chains), the same on the AVX2 path and
 the portable loop, on one thread or PyTorch's team, and for a row whatever the other rows are
 (rows independent, bit for bit); the inputs are never written; the add can be in place; bad
 input is named. The "panels" weight layout that uses it is tested with the others in
@@ -14,43 +14,56 @@ from tlt_core.ops import pack_panels, panel_matmul, reference
 from tlt_core.ops.panel_matmul import PANEL_WIDTH, vectorised
 
 
-def _case(rows, out_features, in_features, seed=0):
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _case(rows, out_features, in_features, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     weight = torch.randn(out_features, in_features, generator=g)
     x = torch.randn(rows, in_features, generator=g)
     bias = torch.randn(out_features, generator=g)
     addend = torch.randn(rows, out_features, generator=g)
-    return weight, x, bias, addend
+    return tuple(t.to(dtype) for t in (weight, x, bias, addend))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, out_features, in_features",
                          [(1, 16, 8), (3, 37, 13), (7, 5, 1), (2, 40, 33), (0, 16, 4)])
 @pytest.mark.parametrize("with_bias, with_addend", [(False, False), (True, False), (True, True),
                                                     (False, True)])
 def test_the_product_is_the_headers_bit_for_bit(rows, out_features, in_features, with_bias,
-                                                with_addend):
-    weight, x, bias, addend = _case(rows, out_features, in_features)
+                                                with_addend, dtype):
+    weight, x, bias, addend = _case(rows, out_features, in_features, dtype=dtype)
     bias, addend = (bias if with_bias else None), (addend if with_addend else None)
     panels = pack_panels(weight)
     want = reference.panel_matmul(x, panels, out_features, bias, addend)
     for isa in ("auto", "portable"):
         got = panel_matmul(x, panels, out_features, bias, addend, isa=isa)
-        assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+        assert got.dtype == dtype and got.shape == (rows, out_features)
         assert torch.equal(got, want), isa
 
 
-def test_panels_hold_the_matrix_column_blocks_zero_padded():
-    weight = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)
+def test_bfloat16_is_the_float32_product_of_the_widened_operands_rounded_once():
+    weight, x, bias, addend = _case(5, 40, 30, dtype=torch.bfloat16)
+    got = panel_matmul(x, pack_panels(weight), 40, bias, addend)
+    wide = panel_matmul(x.float(), pack_panels(weight.float()), 40, bias.float(), addend.float())
+    assert torch.equal(got, wide.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_panels_hold_the_matrix_column_blocks_zero_padded(dtype):
+    weight = torch.arange(20 * 3, dtype=dtype).view(20, 3)
     panels = pack_panels(weight)
-    assert panels.shape == (2, 3, PANEL_WIDTH)
+    assert panels.shape == (2, 3, PANEL_WIDTH) and panels.dtype == dtype
     assert torch.equal(panels[0], weight[:16].T) and torch.equal(panels[1, :, :4], weight[16:].T)
     assert not panels[1, :, 4:].any()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 16, 33])
-def test_rows_are_independent_and_paths_agree_at_a_real_layers_size(rows):
+def test_rows_are_independent_and_paths_agree_at_a_real_layers_size(rows, dtype):
     # 3072 x 576: SmolLM2's gate|up matrix, large enough to run on PyTorch's thread team
-    weight, x, bias, addend = _case(rows, 3072, 576, seed=rows)
+    weight, x, bias, addend = _case(rows, 3072, 576, seed=rows, dtype=dtype)
     panels = pack_panels(weight)
     got = panel_matmul(x, panels, 3072, bias, addend)
     assert torch.equal(got, panel_matmul(x, panels, 3072, bias, addend, isa="portable"))
@@ -58,7 +71,8 @@ def test_rows_are_independent_and_paths_agree_at_a_real_layers_size(rows):
         alone = panel_matmul(x[r:r + 1].clone(), panels, 3072, bias, addend[r:r + 1].clone())
         assert torch.equal(alone[0], got[r])
     exact = x.double() @ weight.double().T + bias.double() + addend.double()
-    assert (got.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
+    tolerance = 1e-4 if dtype == torch.float32 else 2 ** -8  # bf16: one rounding of the sum
+    assert (got.double() - exact).abs().max() <= tolerance * exact.abs().max()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the calling thread alone: the same bits
     try:
@@ -97,6 +111,9 @@ def test_the_vector_path_is_used_where_the_cpu_has_avx2_and_fma():
 
 @pytest.mark.parametrize("change, argument", [
     (lambda a: a.update(x=a["x"].double()), "x"),
+    (lambda a: a.update(x=a["x"].half()), "x"),
+    (lambda a: a.update(x=a["x"].bfloat16()), "panels"),  # one dtype for all: x's
+    (lambda a: a.update(bias=a["bias"].bfloat16()), "bias"),
     (lambda a: a.update(x=a["x"][:, ::2]), "x"),
     (lambda a: a.update(x=a["x"][None]), "x"),
     (lambda a: a.update(x=a["x"].numpy()), "x"),
@@ -120,6 +137,6 @@ def test_bad_input_is_named(change, argument):
 
 def test_pack_panels_names_a_bad_weight():
     with pytest.raises(ValueError, match="^weight:"):
-        pack_panels(torch.ones(4, 4, dtype=torch.bfloat16))
+        pack_panels(torch.ones(4, 4, dtype=torch.float16))
     with pytest.raises(ValueError, match="^weight:"):
         pack_panels(torch.ones(4))

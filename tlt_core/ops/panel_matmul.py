@@ -1,10 +1,11 @@
-"""`panel_matmul`: float32 `x @ W.T (+ bias) (+ addend)` for the few rows of a decode step on the
-CPU, over W packed once by `pack_panels` (csrc/include/tlt/panel_matmul.h).
+"""`panel_matmul`: `x @ W.T (+ bias) (+ addend)` in float32 or bfloat16 for the few rows of a
+decode step on the CPU, over W packed once by `pack_panels` (csrc/include/tlt/panel_matmul.h).
 
 A decode step at batch 1 to 16 streams each weight once and does little arithmetic on it; this
 product reads the weights at close to the memory's rate whatever the row count (up to 16), and
-each row's bits are independent of the other rows (a fused multiply-add per k, in order). The
-packed inference pass uses it through the "panels" weight layout (tlt_core.model.weight_layout).
+each row's bits are independent of the other rows (a fused multiply-add per k, in order). In
+bfloat16 the same float32 arithmetic runs on the widened operands and each output is rounded
+once; the weights stream at half the bytes. The packed inference pass uses it through the "panels" weight layout (tlt_core.model.weight_layout).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tlt_core.ops._cpu_tensors import check_cpu_matrix
 
 PANEL_WIDTH: int = _C.panel_width
 ISAS = {"auto": 0, "portable": 1}
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def vectorised() -> bool:
@@ -24,9 +26,9 @@ def vectorised() -> bool:
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """W (N, K) float32 -> its panels (ceil(N / 16), K, 16): panels[p, k, j] = W[16 p + j, k], zero
-    past N. A new tensor; `weight` is not written."""
-    _check(weight, "weight", None)
+    """W (N, K) float32 or bfloat16 -> its panels (ceil(N / 16), K, 16) of its dtype:
+    panels[p, k, j] = W[16 p + j, k], zero past N. A new tensor; `weight` is not written."""
+    _check(weight, "weight", None, _dtype_of(weight, "weight"))
     out_features, in_features = weight.shape
     num_panels = -(-out_features // PANEL_WIDTH)
     padded = weight.new_zeros(num_panels * PANEL_WIDTH, in_features)
@@ -38,23 +40,25 @@ def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
                  bias: torch.Tensor | None = None, addend: torch.Tensor | None = None,
                  out: torch.Tensor | None = None, isa: str = "auto") -> torch.Tensor:
     """x (M, K) @ W.T, then + bias (N,), then + addend (M, N), for panels = pack_panels(W) of W
-    (out_features, K); contiguous CPU float32 tensors (x and addend may have a row stride). Into
-    `out` (M, N) when given (it may be `addend`: the add in place), else a new tensor.
+    (out_features, K); contiguous CPU tensors, all float32 or all bfloat16 (x and addend may have
+    a row stride). Into `out` (M, N) when given (it may be `addend`: the add in place), else a
+    new tensor. Sums are float32 either way; a bfloat16 output is rounded once at the end.
     isa: "auto" (AVX2 + FMA where the CPU has them) or "portable" (the header's loop)."""
-    _check(x, "x", None, rows_strided=True)
+    dtype = _dtype_of(x, "x")
+    _check(x, "x", None, dtype, rows_strided=True)
     rows, in_features = x.shape
     if not isinstance(out_features, int) or isinstance(out_features, bool) or out_features < 1:
         raise ValueError(f"out_features: expected an int >= 1, got {out_features!r}")
     num_panels = -(-out_features // PANEL_WIDTH)
-    _check(panels, "panels", (num_panels, in_features, PANEL_WIDTH))
+    _check(panels, "panels", (num_panels, in_features, PANEL_WIDTH), dtype)
     if bias is not None:
-        _check(bias, "bias", (out_features,))
+        _check(bias, "bias", (out_features,), dtype)
     if addend is not None:
-        _check(addend, "addend", (rows, out_features), rows_strided=True)
+        _check(addend, "addend", (rows, out_features), dtype, rows_strided=True)
     if out is None:
         out = x.new_empty(rows, out_features)
     else:
-        _check(out, "out", (rows, out_features), rows_strided=True)
+        _check(out, "out", (rows, out_features), dtype, rows_strided=True)
         if out is not addend and addend is not None and _overlaps(out, addend):
             raise ValueError("out: overlaps addend without being it; pass addend itself as out "
                              "for an add in place")
@@ -69,12 +73,13 @@ def launch(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch
            addend: torch.Tensor | None, out: torch.Tensor, isa_code: int = 0) -> torch.Tensor:
     """panel_matmul without its checks, for arguments already known good (panel_matmul's after
     checking them; the packed pass's own activations, whose every call a check would cost
-    ~30 us): rows dense, shapes as panel_matmul's, `out` overlapping no input but `addend`."""
-    _C.panel_matmul_f32(x.data_ptr(), x.shape[0], x.shape[1], _row_stride(x), panels.data_ptr(),
-                        out_features, 0 if bias is None else bias.data_ptr(),
-                        0 if addend is None else addend.data_ptr(),
-                        out_features if addend is None else _row_stride(addend),
-                        out.data_ptr(), _row_stride(out), isa_code)
+    ~30 us): rows dense, shapes and dtypes as panel_matmul's, `out` overlapping no input but
+    `addend`."""
+    kernel = _C.panel_matmul_f32 if x.dtype == torch.float32 else _C.panel_matmul_bf16
+    kernel(x.data_ptr(), x.shape[0], x.shape[1], _row_stride(x), panels.data_ptr(), out_features,
+           0 if bias is None else bias.data_ptr(), 0 if addend is None else addend.data_ptr(),
+           out_features if addend is None else _row_stride(addend), out.data_ptr(),
+           _row_stride(out), isa_code)
     return out
 
 
@@ -96,6 +101,14 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a_start < b_end and b_start < a_end
 
 
-def _check(tensor, name: str, shape: tuple[int, ...] | None, rows_strided: bool = False) -> None:
-    check_cpu_matrix(tensor, name, torch.float32, shape, columns="features",
-                     rows_strided=rows_strided)
+def _dtype_of(tensor, name: str) -> torch.dtype:
+    """The dtype the call runs in: `tensor`'s, where it is one of DTYPES."""
+    dtype = getattr(tensor, "dtype", torch.float32)  # a non-tensor fails _check, named
+    if dtype not in DTYPES:
+        raise ValueError(f"{name}: expected a float32 or bfloat16 tensor, got {dtype}")
+    return dtype
+
+
+def _check(tensor, name: str, shape: tuple[int, ...] | None, dtype: torch.dtype,
+           rows_strided: bool = False) -> None:
+    check_cpu_matrix(tensor, name, dtype, shape, columns="features", rows_strided=rows_strided)

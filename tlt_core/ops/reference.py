@@ -824,8 +824,15 @@ def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
                  bias: Optional[torch.Tensor] = None,
                  addend: Optional[torch.Tensor] = None) -> torch.Tensor:
     """panel_matmul.h literally, bit for bit: x (M, K), panels (ceil(N / 16), K, 16), bias
-    (N,) and addend (M, N) float32; returns y (M, N) float32. Each y[r, n] is a chain of fmaf
-    over k in order from 0, then + bias[n], then + addend[r, n], each one float32 add."""
+    (N,) and addend (M, N), all float32 or all bfloat16; returns y (M, N) of their dtype. Each
+    y[r, n] is a chain of fmaf over k in order from 0, then + bias[n], then + addend[r, n], each
+    one float32 add, on the operands widened to float32; in bfloat16 that float32 value rounded
+    once to bfloat16 (nearest even, as torch converts)."""
+    if x.dtype == torch.bfloat16:
+        def widen(tensor):
+            return None if tensor is None else tensor.float()
+        return panel_matmul(x.float(), panels.float(), out_features, widen(bias),
+                            widen(addend)).to(torch.bfloat16)
     rows, K = x.shape
     width = panels.shape[-1]
     xs, ws = x.tolist(), panels.tolist()

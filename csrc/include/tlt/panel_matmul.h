@@ -1,4 +1,4 @@
-// The float32 products of a decode step on the CPU: y = x @ W.T (+ bias) (+ addend) for the rows
+// The products of a decode step on the CPU, float32 or bfloat16: y = x @ W.T (+ bias) (+ addend) for the rows
 // a step has (one per running row, or a tree's nodes), reading W once from memory however many
 // rows there are. A step of a small model streams every weight once and does little arithmetic
 // on it, so its products are bound by memory bandwidth and by how well the FMAs overlap it. On
@@ -17,6 +17,13 @@
 //   y[r, n] = acc, then + bias[n], then + addend[r, n] (one float32 add each, when given)
 // so a row's result never depends on the other rows in the call (the engine's rows-independent
 // invariant holds bit for bit across batch sizes and tree widths).
+//
+// bfloat16 (panel_matmul_bf16_cpu: x, panels, bias, addend and y all bfloat16, as uint16_t bits,
+// the panels laid out as above): every operand widened exactly to float32, the same float32
+// chain and adds, and y[r, n] that float32 value rounded once to bfloat16 (nearest even, any NaN
+// to 0x7FC0). Why a kernel of our own: a bfloat16 weight is half a float32's bytes, and a CPU
+// without AVX-512 or AMX has no bfloat16 product in PyTorch's oneDNN (its fallback ran SmolLM2's
+// decoding step at a fraction of the float32 speed), while widening on load is one shift.
 //
 // isa: 0 the fastest this CPU runs (AVX2 + FMA, else the portable loop), 1 the portable loop
 // (std::fma; what the tests compare the vector path with). Panels run on PyTorch's OpenMP team
@@ -37,6 +44,11 @@ void panel_matmul_f32_cpu(const float* x, int64_t rows, int64_t in_features, int
                           const float* panels, int64_t out_features, const float* bias,
                           const float* addend, int64_t ld_addend, float* y, int64_t ldy,
                           int isa);
+
+void panel_matmul_bf16_cpu(const uint16_t* x, int64_t rows, int64_t in_features, int64_t ldx,
+                           const uint16_t* panels, int64_t out_features, const uint16_t* bias,
+                           const uint16_t* addend, int64_t ld_addend, uint16_t* y, int64_t ldy,
+                           int isa);
 
 // Whether isa 0 runs the AVX2 + FMA path on this CPU.
 bool panel_matmul_vectorised();
