@@ -56,7 +56,7 @@ def layouts(model, batches: list[int], new_tokens: int, reps: int) -> None:
     dtype = model.lm_head.weight.dtype
     candidates = ["views"] + (["onednn"] if onednn_supports(dtype) else []) + (
         ["fold"] if dtype == torch.float32 else []) + (
-        ["panels"] if dtype == torch.float32 and panels_vectorised() else [])
+        ["panels"] if dtype in (torch.float32, torch.bfloat16) and panels_vectorised() else [])
     for batch in batches:
         engine, requests = _greedy_workload(model, batch, new_tokens, seed=0)
         warm = [Request(requests[0].prompt_ids, SamplingParams(temperature=0.0, max_tokens=2))]

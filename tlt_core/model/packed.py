@@ -5,10 +5,11 @@ Decoding a small model on a CPU is bound by per-op dispatch (5-10 us an op), not
 this pass spends the fewest ops per layer that compute what `Transformer.forward` computes: q, k
 and v from one matmul, gate and up from one, RoPE for q and k together as
 `x * cos + roll(x, d/2) * sin_signed`, K and V written with one indexed store, and no attention
-mask when every row has the same length (a batch of one always does). In the float32 "fold"
-and "panels" layouts the residual adds ride in the product (`addmm`, the panel kernel's addend)
-and the RMSNorm weights are folded into the matmul after them (the norm is then
-`x * rsqrt(|x|^2 / H + eps)`, four cheap ops where `F.rms_norm` dispatches seven).
+mask when every row has the same length (a batch of one always does). In the "fold" and
+"panels" layouts the residual adds ride in the product (`addmm`, the panel kernel's addend);
+in float32 the RMSNorm weights are folded into the matmul after them (the norm is then
+`x * rsqrt(|x|^2 / H + eps)`, four cheap ops where `F.rms_norm` dispatches seven), and in
+bfloat16 on the CPU each norm is one kernel call (tlt_core.ops.add_rms_norm).
 
 How the weights are held is a layout (tlt_core.model.weight_layout): copies made for speed ("fold",
 "onednn", "panels"; the copies are at most a quarter of the machine's memory) or the parameters
@@ -69,8 +70,8 @@ def _pack_layer(layer: nn.Module, num_heads: int, num_kv_heads: int, layout: str
                 model_bytes: int) -> PackedLayer:
     attn, mlp = layer.self_attn, layer.mlp
     # Folding the norms' weights needs float32 matrices (a bf16 product would round them)
-    fold = layout in ("fold", "panels") or (layout == "onednn"
-                                            and attn.q_proj.weight.dtype == torch.float32)
+    fold = layout == "fold" or (layout in ("onednn", "panels")
+                                and attn.q_proj.weight.dtype == torch.float32)
     no_input_norm = isinstance(layer.input_layernorm, nn.Identity)
     # rms_norm(x) * w @ W.T == (x * rsqrt(...)) @ (W * w).T: the norm's weight scales W's inputs
     input_scale = layer.input_layernorm.weight if fold and not no_input_norm else None
@@ -342,7 +343,7 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
             out = out.to(h.dtype)
         if layout in RESIDUAL_IN_PRODUCT:  # + o_proj folded into the residual add
             h = matmul(out, packed.o, layout, packed.o_bias, addend=h)
-            x = _norm(h, packed.post_attention_norm, layers.eps)
+            h, x = _add_norm(h, None, packed.post_attention_norm, layers.eps, norm_kernel)
         else:
             h, x = _add_norm(h, matmul(out, packed.o, layout, packed.o_bias),
                              packed.post_attention_norm, layers.eps, norm_kernel)

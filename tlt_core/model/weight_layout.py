@@ -13,12 +13,16 @@ inference_layout`):
   `F.linear`, which reorders the weight on every call; prepacking once makes SmolLM2-135M's
   whole bf16 decoding step 1.4x faster at batch 1 and 1.2x at batch 32 on this project's CPUs
   (`python bench/profile_step.py --model DIR`).
-- "panels" (float32 models on a CPU with AVX2 + FMA): each matrix packed in panels of 16
-  output features (tlt_core.ops.panel_matmul) for products of up to `PANEL_MAX_ROWS` rows (a
-  decode step's rows, a speculative step's trees), which read each weight once at close to the
-  memory's rate; beside it a wide pack for prefill (oneDNN's, or fold's for a model small enough
-  that fold beats oneDNN). The RMSNorm weights are folded in and the residual adds ride in the
-  product, as in "fold". The two packs take twice one copy.
+- "panels" (float32 models on a CPU with AVX2 + FMA, and bfloat16 ones where oneDNN has no
+  bfloat16 product): each matrix packed in panels of 16 output features
+  (tlt_core.ops.panel_matmul), which read each weight once at close to the memory's rate (a
+  bfloat16 weight widened as it is loaded) and take the residual add in the product, as "fold"
+  does. In float32 they serve products of up to `PANEL_MAX_ROWS` rows (a decode step's rows, a
+  speculative step's trees) with the RMSNorm weights folded in; beside them a wide pack for
+  prefill (oneDNN's, or fold's for a model small enough that fold beats oneDNN), twice one copy
+  in all. In bfloat16 the weights stay the model's (folding would round them) and the panels
+  serve every product: the alternative on such a CPU, PyTorch's bfloat16 fallback, is 2x slower
+  at one row and 14x at 64 (SmolLM2-135M's layers, 2 AVX2 cores).
 - "views" (CUDA, or any copy over the memory budget): the parameters themselves, no copy.
   q|k|v and gate|up run as one matmul when the parameters are adjacent views of one tensor
   (`fuse_projections_`, which `load_checkpoint` applies), else as separate matmuls.
@@ -59,9 +63,12 @@ PANELS_MIN_BYTES = 8 << 20
 PANEL_MAX_ROWS = 128
 
 
-def panels_wide_layout(model_bytes: int) -> str:
-    """The layout of the panels layout's wide products for a model of `model_bytes` of matrices:
-    oneDNN's where it beats fold (ONEDNN_MIN_BYTES), else fold's."""
+def panels_wide_layout(model_bytes: int, dtype: torch.dtype = torch.float32) -> str | None:
+    """The layout of the panels layout's wide products for a model of `model_bytes` of `dtype`
+    matrices. float32: oneDNN's where it beats fold (ONEDNN_MIN_BYTES), else fold's. bfloat16:
+    oneDNN's where it multiplies bfloat16, else None (the panels themselves)."""
+    if dtype == torch.bfloat16:
+        return "onednn" if onednn_supports(dtype) else None
     return ("onednn" if model_bytes >= ONEDNN_MIN_BYTES and onednn_supports(torch.float32)
             else "fold")
 
@@ -69,16 +76,18 @@ def panels_wide_layout(model_bytes: int) -> str:
 @dataclass(frozen=True, eq=False)
 class PanelWeight:
     """A matrix W (out_features, in) in the "panels" layout: its panels (pack_panels) and, for
-    products wider than PANEL_MAX_ROWS rows, its pack in `wide_layout`."""
+    products wider than PANEL_MAX_ROWS rows, its pack in `wide_layout` (None: the panels serve
+    every product)."""
 
     panels: torch.Tensor  # (ceil(out / 16), in, 16)
-    wide: torch.Tensor  # pack_matrix(W, wide_layout)
-    wide_layout: str  # panels_wide_layout's: "onednn" or "fold"
+    wide: torch.Tensor | None  # pack_matrix(W, wide_layout)
+    wide_layout: str | None  # panels_wide_layout's: "onednn", "fold" or None
     out_features: int
 
     @property
     def nbytes(self) -> int:
-        wide = self.wide.numel() * self.wide.element_size()  # a oneDNN tensor has no .nbytes
+        wide = (0 if self.wide is None  # a oneDNN tensor has no .nbytes
+                else self.wide.numel() * self.wide.element_size())
         return self.panels.nbytes + wide
 
 
@@ -122,9 +131,10 @@ def choose_layout(requested: str, dtype: torch.dtype, device: torch.device,
                          f"oneDNN multiplies {dtype} on this CPU; use 'auto' or 'views'")
     if requested == "fold" and dtype != torch.float32:
         raise ValueError(f"inference_layout: 'fold' needs float32 weights, got {dtype}")
-    if requested == "panels" and (device.type != "cpu" or dtype != torch.float32):
-        raise ValueError(f"inference_layout: 'panels' needs float32 weights on the CPU, got "
-                         f"{dtype} on {device}")
+    if requested == "panels" and (device.type != "cpu"
+                                  or dtype not in (torch.float32, torch.bfloat16)):
+        raise ValueError(f"inference_layout: 'panels' needs float32 or bfloat16 weights on the "
+                         f"CPU, got {dtype} on {device}")
     if requested != "auto":
         return requested
     if device.type != "cpu":
@@ -134,6 +144,8 @@ def choose_layout(requested: str, dtype: torch.dtype, device: torch.device,
         return "views"
     if (dtype == torch.float32 and copy_bytes >= PANELS_MIN_BYTES and vectorised()
             and (memory is None or 2 * copy_bytes <= COPY_BUDGET_SHARE * memory)):
+        return "panels"
+    if dtype == torch.bfloat16 and vectorised() and not onednn_supports(dtype):
         return "panels"
     if dtype == torch.float32 and (copy_bytes < ONEDNN_MIN_BYTES or not onednn_supports(dtype)):
         return "fold"
@@ -149,8 +161,10 @@ def pack_matrix(weight: torch.Tensor, layout: str, model_bytes: int | None = Non
     packed with it, by default its own) or as is."""
     if layout == "panels":
         weight = weight.contiguous()
-        wide = panels_wide_layout(weight.nbytes if model_bytes is None else model_bytes)
-        return PanelWeight(pack_panels(weight), pack_matrix(weight, wide), wide, weight.shape[0])
+        wide = panels_wide_layout(weight.nbytes if model_bytes is None else model_bytes,
+                                  weight.dtype)
+        return PanelWeight(pack_panels(weight), None if wide is None else pack_matrix(weight, wide),
+                           wide, weight.shape[0])
     if layout == "fold":
         return weight.t().contiguous()  # (in, out)
     if layout == "onednn":
@@ -161,11 +175,12 @@ def pack_matrix(weight: torch.Tensor, layout: str, model_bytes: int | None = Non
 def matmul(x: torch.Tensor, packed: torch.Tensor | PanelWeight, layout: str,
            bias: torch.Tensor | None = None, addend: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, in) @ W.T (+ bias) (+ addend (M, out)) -> (M, out), for `packed` =
-    pack_matrix(W, layout). x and addend are the pass's own float32 activations in the panels
-    layout, so they are not checked again here (tlt_core.ops.panel_matmul checks a caller's)."""
+    pack_matrix(W, layout). x and addend are the pass's own activations, of the weights' dtype,
+    in the panels layout, so they are not checked again here (tlt_core.ops.panel_matmul checks a
+    caller's)."""
     if layout == "panels":
         rows = x.shape[0]
-        if rows > PANEL_MAX_ROWS:
+        if rows > PANEL_MAX_ROWS and packed.wide is not None:
             return matmul(x, packed.wide, packed.wide_layout, bias, addend)
         x = x.contiguous()
         out = torch.empty(rows, packed.out_features, dtype=x.dtype, device=x.device)

@@ -5,7 +5,8 @@ A decode step at batch 1 to 16 streams each weight once and does little arithmet
 product reads the weights at close to the memory's rate whatever the row count (up to 16), and
 each row's bits are independent of the other rows (a fused multiply-add per k, in order). In
 bfloat16 the same float32 arithmetic runs on the widened operands and each output is rounded
-once; the weights stream at half the bytes. The packed inference pass uses it through the "panels" weight layout (tlt_core.model.weight_layout).
+once; the weights stream at half the bytes. The packed inference pass uses it through the
+"panels" weight layout (tlt_core.model.weight_layout).
 """
 
 from __future__ import annotations
