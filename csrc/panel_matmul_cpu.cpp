@@ -126,11 +126,15 @@ struct Call {
         if constexpr (G > 1 || !std::is_same_v<T, float>)
           _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchLines * kPanelWidth),
                        _MM_HINT_T0);
-        const __m256 low = load8(line), high = load8(line + 8);
+        // One half-line of weights live at a time: with 12 accumulators and G broadcasts, a
+        // second would take a 17th register and GCC would keep an accumulator on the stack,
+        // which made every k wait on a store and a reload.
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; ++half) {
+          const __m256 weights = load8(line + 8 * half);
 #pragma GCC unroll 16
-        for (int m = 0; m < G; ++m) {
-          acc[m][c][0] = _mm256_fmadd_ps(value[m], low, acc[m][c][0]);
-          acc[m][c][1] = _mm256_fmadd_ps(value[m], high, acc[m][c][1]);
+          for (int m = 0; m < G; ++m)
+            acc[m][c][half] = _mm256_fmadd_ps(value[m], weights, acc[m][c][half]);
         }
       }
     }
@@ -153,12 +157,14 @@ struct Call {
   void vector_rows(int64_t p0, int64_t p1, int64_t r0) const {
     int64_t p = p0;
     for (; p + C <= p1; p += C) vector_block<G, C>(p, r0);
-    switch (p1 - p) {  // the task's last few panels, as wide as they go
-      case 3: vector_block<G, 3>(p, r0); break;
-      case 2: vector_block<G, 2>(p, r0); break;
-      case 1: vector_block<G, 1>(p, r0); break;
-      default: break;
+    // the task's last few panels (fewer than C), as wide as they go
+    if constexpr (C > 3) {
+      if (p1 - p == 3) return vector_block<G, 3>(p, r0);
     }
+    if constexpr (C > 2) {
+      if (p1 - p == 2) return vector_block<G, 2>(p, r0);
+    }
+    if (p1 - p == 1) vector_block<G, 1>(p, r0);
   }
 
   void vector(int64_t p0, int64_t p1, int64_t r0, int group) const {
