@@ -16,7 +16,7 @@ from tlt_core.model.kv_cache import CacheShape, KVCache
 from tlt_core.model.transformer import ModelConfig, Transformer
 
 CASES = [("fold", torch.float32), ("panels", torch.float32), ("views", torch.float32),
-         ("views", torch.bfloat16)]
+         ("views", torch.bfloat16), ("panels", torch.bfloat16)]
 CASES += [("onednn", dtype) for dtype in (torch.bfloat16, torch.float32)
           if weight_layout.onednn_supports(dtype)]
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.03}  # of the logits' largest magnitude
@@ -222,10 +222,13 @@ def test_chunked_prefill_emits_what_one_pass_emits():
 
 def test_layout_falls_back_where_onednn_cannot_multiply_the_dtype(monkeypatch):
     """A CPU without oneDNN's bf16 instructions (AVX2 only) raises at the reorder: the auto
-    layout is then "views" for bf16 (float32 keeps oneDNN), and asking for "onednn" names the
-    setting."""
+    layout is then "panels" for bf16 where the CPU has AVX2 + FMA, else "views" (float32 keeps
+    oneDNN), and asking for "onednn" names the setting."""
     monkeypatch.setattr(weight_layout, "onednn_supports", lambda dtype: dtype == torch.float32)
     cpu = torch.device("cpu")
+    monkeypatch.setattr(weight_layout, "vectorised", lambda: True)
+    assert weight_layout.choose_layout("auto", torch.bfloat16, cpu, 1 << 20) == "panels"
+    assert weight_layout.panels_wide_layout(1 << 30, torch.bfloat16) is None
     monkeypatch.setattr(weight_layout, "vectorised", lambda: False)
     assert weight_layout.choose_layout("auto", torch.bfloat16, cpu, 1 << 20) == "views"
     assert weight_layout.choose_layout("auto", torch.float32, cpu, 1 << 30) == "onednn"
@@ -251,7 +254,8 @@ def test_auto_layout_of_float32_weights(monkeypatch):
     assert weight_layout.panels_wide_layout(weight_layout.ONEDNN_MIN_BYTES - 1) == "fold"
     monkeypatch.setattr(weight_layout, "vectorised", lambda: False)
     assert choose("auto", torch.float32, cpu, GiB) == "onednn"
-    for dtype, device in ((torch.bfloat16, cpu), (torch.float32, torch.device("cuda"))):
+    assert weight_layout.panels_wide_layout(GiB, torch.bfloat16) == "onednn"
+    for dtype, device in ((torch.float16, cpu), (torch.float32, torch.device("cuda"))):
         with pytest.raises(ValueError, match="inference_layout: 'panels'"):
             choose("panels", dtype, device, GiB)
 
@@ -267,13 +271,35 @@ def test_panels_pack_follows_weight_updates_and_counts_both_packs():
     assert_steps_follow_an_update(model, torch.float32, before)
 
 
+def test_bfloat16_panels_keep_the_models_weights_in_one_pack(monkeypatch):
+    """In bf16 the panels hold the weights as they are (no norm folded in: that would round
+    them), and with no bf16 oneDNN product they are the only pack, whatever the rows."""
+    monkeypatch.setattr(weight_layout, "onednn_supports", lambda dtype: dtype == torch.float32)
+    model = model_of("llama", torch.bfloat16)
+    model.inference_layout = "panels"
+    before, _ = step_and_forward(model, torch.bfloat16)
+    packed, layer = model._decoder.layers.packed[0], model.model.layers[0]
+    assert packed.gate_up.wide is None and packed.post_attention_norm is not None
+    gate_up = torch.cat((layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight))
+    assert torch.equal(packed.gate_up.panels.transpose(1, 2).reshape(gate_up.shape), gate_up)
+    layer_bytes = sum(p.nbytes for p in model.model.layers.parameters() if p.dim() == 2)
+    assert model._decoder.layers.copy_bytes() == layer_bytes
+    assert_steps_follow_an_update(model, torch.bfloat16, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, weight_layout.PANEL_MAX_ROWS,
                                   weight_layout.PANEL_MAX_ROWS + 1])
-def test_panels_products_agree_with_the_matrix_on_both_sides_of_the_row_limit(rows):
+def test_panels_products_agree_with_the_matrix_on_both_sides_of_the_row_limit(rows, dtype):
     g = torch.Generator().manual_seed(rows)
     weight, bias = torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
     x, h = torch.randn(rows, 24, generator=g), torch.randn(rows, 40, generator=g)
+    weight, bias, x, h = (t.to(dtype) for t in (weight, bias, x, h))
     packed = weight_layout.pack_matrix(weight, "panels")
     got = weight_layout.matmul(x, packed, "panels", bias, addend=h)
-    assert torch.allclose(got, x @ weight.T + bias + h, atol=1e-5)
+    want = x.float() @ weight.float().T + bias.float() + h.float()
+    assert got.dtype == dtype
+    # float32: the sums' order; bfloat16: one rounding of the output (half a place, 2^-9)
+    rtol = 1e-5 if dtype == torch.float32 else 2 ** -8
+    assert torch.allclose(got.float(), want, rtol=rtol, atol=1e-5)
 
