@@ -29,9 +29,13 @@ constexpr int kRowGroup = 3;  // with 2-4 panels: 8-12 accumulators, enough FMAs
 // weight line then feeds twice the rows of a 3-row group, so later groups reread the panels from
 // L2 half as often (SmolLM2's layers, 2 AVX2 cores: 1.05-1.15x at 5-16 rows in both dtypes).
 constexpr int kTallRows = 6;
-// How far ahead in a panel the next lines are prefetched (1 KB), so the memory streams while the
-// FMAs of several rows run (SmolLM2's layers at 8 rows: 1.12x; at one row it costs 1.08x).
+// How many k steps ahead in a panel the next lines are prefetched (1 KB of float32), so the
+// memory streams while the FMAs of several rows run (SmolLM2's layers at 8 rows: 1.12x; at one
+// float32 row it costs 1.08x).
 constexpr int64_t kPrefetchLines = 16;
+// The same for a tall block of bfloat16 panels (2 KB ahead: 1.08x at 4-16 rows over 16 steps; a
+// float32 tall block gained nothing from going further).
+constexpr int64_t kPrefetchTallBf16Lines = 64;
 // One claimed unit of work: 6 panels (221-590 KB at K 576-1536, so a task's later row groups
 // find them in L2), a whole number of blocks of 2 or 3 panels.
 constexpr int64_t kPanelsPerTask = 6;
@@ -119,11 +123,14 @@ struct Call {
     for (int m = 0; m < G; ++m)
 #pragma GCC unroll 16
       for (int c = 0; c < C; ++c) acc[m][c][0] = acc[m][c][1] = _mm256_setzero_ps();
+    constexpr int64_t pf =
+        (C == 1 && !std::is_same_v<T, float> ? kPrefetchTallBf16Lines : kPrefetchLines) *
+        kPanelWidth;
     for (int64_t k = 0; k < depth; ++k) {
       if constexpr (C == 1) {  // both halves of the line live, each row's broadcast used at once
         const T* line = panel[0] + k * kPanelWidth;
         if constexpr (G > 1 || !std::is_same_v<T, float>)
-          _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchLines * kPanelWidth),
+          _mm_prefetch(reinterpret_cast<const char*>(line + pf),
                        _MM_HINT_T0);
         const __m256 low = load8(line), high = load8(line + 8);
 #pragma GCC unroll 16
@@ -143,7 +150,7 @@ struct Call {
         // measured: helps where FMAs are many, and for bfloat16 (SmolLM2's layers at one row:
         // 1.05x), costs float32 at one row
         if constexpr (G > 1 || !std::is_same_v<T, float>)
-          _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchLines * kPanelWidth),
+          _mm_prefetch(reinterpret_cast<const char*>(line + pf),
                        _MM_HINT_T0);
         // One half-line of weights live at a time: with 12 accumulators and G broadcasts, a
         // second would take a 17th register and GCC would keep an accumulator on the stack,
