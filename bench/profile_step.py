@@ -4,8 +4,8 @@ one model: the evidence behind tlt_core.model.weight_layout and kv_cache.cache_d
     python bench/profile_step.py --model DIR --dtype bfloat16 --batch 1,32
 
 1. layouts: greedy decoding tokens/s of the engine with each weight layout that applies to the
-   dtype (views: the parameters through F.linear; onednn: prepacked once; fold and panels:
-   float32 only, panels where the CPU has AVX2 + FMA),
+   dtype (views: the parameters through F.linear; onednn: prepacked once; fold: float32 only;
+   panels: float32 and bfloat16, where the CPU has AVX2 + FMA),
    the layouts alternating rep by rep, best of --reps;
 2. the bf16 RMSNorm kernel (tlt_core.ops.add_rms_norm, with the residual add before it) against
    PyTorch's ops (packed.RMS_NORM_KERNEL off), greedy decoding tok/s alternating rep by rep,

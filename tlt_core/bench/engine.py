@@ -10,7 +10,8 @@ rooflines of a decoding step at that batch, from this machine's measured rates:
 - bandwidth: every weight read once per step (the decoder layers and the LM head; the KV cache
   at these lengths is under 1% of it) over the measured read bandwidth (a large `sum`);
 - compute: 2 FLOPs per weight per row over the measured matmul rate (a large matmul in the
-  dtype).
+  dtype; on a CPU, the faster of that and float32's: a CPU without bfloat16 instructions
+  multiplies bfloat16 weights by widening them to float32, which is what its roof is).
 
 `roofline_share` = ours / min(bandwidth, compute roofline): how close we are to the nearer one.
 """
@@ -60,7 +61,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 @dataclass(frozen=True)
 class MachineRates:
     read_gb_s: float  # GB/s a large sum reads
-    matmul_tflop_s: float  # TFLOP/s of a large matmul in the dtype
+    matmul_tflop_s: float  # TFLOP/s of a large matmul in the dtype (CPU: or float32, if faster)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,10 @@ def measure_rates(dtype: torch.dtype, device: torch.device, reps: int = 5) -> Ma
     big.sum(), torch.mm(a, b)  # untimed: first-call costs
     read = min(_timed(big.sum, device) for _ in range(reps))
     matmul = min(_timed(lambda: torch.mm(a, b), device) for _ in range(reps))
+    if device.type == "cpu" and dtype != torch.float32:
+        a, b = a.float(), b.float()
+        torch.mm(a, b)
+        matmul = min([matmul] + [_timed(lambda: torch.mm(a, b), device) for _ in range(reps)])
     return MachineRates(big.nbytes / read / 1e9, 2 * size ** 3 / matmul / 1e12)
 
 
@@ -120,7 +125,9 @@ def run(model: torch.nn.Module, *, folder: str | Path | None = None, batches=(1,
     hf_model = hf_model.to(device).eval()
     rates = measure_rates(dtype, device)
     weight_bytes, weight_elements = weights_read_per_step(model)
-    progress(f"machine: read {rates.read_gb_s:.1f} GB/s, {str(dtype)[6:]} matmul "
+    kind = str(dtype)[6:] + (" (or float32's, if faster)" if device.type == "cpu"
+                             and dtype != torch.float32 else "")
+    progress(f"machine: read {rates.read_gb_s:.1f} GB/s, {kind} matmul "
              f"{rates.matmul_tflop_s:.2f} TFLOP/s; weights read per step "
              f"{weight_bytes / 2**20:.0f} MiB")
     g = torch.Generator().manual_seed(seed)
