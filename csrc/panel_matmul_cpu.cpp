@@ -2,9 +2,9 @@
 // rows by one to four adjacent panels, or up to kTallRows rows down one panel: at most 12
 // accumulators, two loads per panel and one broadcast per row each k, within AVX2's 16 vector
 // registers. Rows beyond a group rerun the task's panels, now in L2, so only the first group
-// reads them from memory. One template serves
-// both element types: a bfloat16 weight widens to float32 as it is loaded (a shift), so the
-// arithmetic, and every bit of the sums, is the float32 kernel's.
+// reads them from memory. One template serves both element types: a bfloat16 weight widens to
+// float32 as it is loaded (a shift), so the arithmetic, and every bit of the sums, is the float32
+// kernel's.
 #include "tlt/panel_matmul.h"
 
 #include <algorithm>
@@ -130,8 +130,7 @@ struct Call {
       if constexpr (C == 1) {  // both halves of the line live, each row's broadcast used at once
         const T* line = panel[0] + k * kPanelWidth;
         if constexpr (G > 1 || !std::is_same_v<T, float>)
-          _mm_prefetch(reinterpret_cast<const char*>(line + pf),
-                       _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(line + pf), _MM_HINT_T0);
         const __m256 low = load8(line), high = load8(line + 8);
 #pragma GCC unroll 16
         for (int m = 0; m < G; ++m) {
@@ -150,8 +149,7 @@ struct Call {
         // measured: helps where FMAs are many, and for bfloat16 (SmolLM2's layers at one row:
         // 1.05x), costs float32 at one row
         if constexpr (G > 1 || !std::is_same_v<T, float>)
-          _mm_prefetch(reinterpret_cast<const char*>(line + pf),
-                       _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(line + pf), _MM_HINT_T0);
         // One half-line of weights live at a time: with 12 accumulators and G broadcasts, a
         // second would take a 17th register and GCC would keep an accumulator on the stack,
         // which made every k wait on a store and a reload.
@@ -192,7 +190,6 @@ struct Call {
     }
     if (p1 - p == 1) vector_block<G, 1>(p, r0);
   }
-
 
   // Rows [r0, r0 + group) of panels [p0, p1): up to kRowGroup rows across 2-4 panels, more
   // (up to kTallRows) down one panel.
