@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import tlt_core.ops as ops
+from tlt_core.ops.rms_norm import launch as launch_rms_norm
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
 from tlt_core.model.weight_layout import (PackedMatrix, PanelWeight, choose_layout, matmul,
                                          pack_matrix)
@@ -373,7 +374,8 @@ def _add_norm(h: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module | Non
     tlt_core.ops.add_rms_norm, the add with it."""
     weight = getattr(norm, "weight", None)
     if kernel and weight is not None and weight.dtype == torch.bfloat16 and hasattr(norm, "eps"):
-        return ops.add_rms_norm(h, delta, weight, norm.eps)
+        # the pass's own dense bf16 rows and the layer's weight: no check needed
+        return launch_rms_norm(h, delta, weight, norm.eps)
     if delta is not None:
         h = h + delta
     return h, _norm(h, norm, eps)
