@@ -234,9 +234,10 @@ bool panel_matmul_vectorised() {
 
 namespace {
 
-void check_sizes(int64_t rows, int64_t in_features, int64_t ldx, const void* panels,
-                 int64_t out_features, const void* addend, int64_t ld_addend, int64_t ldy,
-                 int isa) {
+// The header's argument checks; false when there is nothing to do (no rows).
+bool check_arguments(const void* x, int64_t rows, int64_t in_features, int64_t ldx,
+                     const void* panels, int64_t out_features, const void* addend,
+                     int64_t ld_addend, const void* y, int64_t ldy, int isa) {
   cpu::require(rows >= 0, "x", "rows must be >= 0");
   cpu::require(in_features >= 1, "x", "in_features K must be >= 1");
   cpu::require(out_features >= 1, "panels", "out_features N must be >= 1");
@@ -246,6 +247,10 @@ void check_sizes(int64_t rows, int64_t in_features, int64_t ldx, const void* pan
                "row stride must be >= N");
   cpu::require(isa == 0 || isa == 1, "isa", "must be 0 (fastest) or 1 (portable)");
   cpu::require(panels != nullptr, "panels", "is null");
+  if (rows == 0) return false;
+  cpu::require(x != nullptr, "x", "is null");
+  cpu::require(y != nullptr, "out", "is null");
+  return true;
 }
 
 template <typename T>
@@ -265,39 +270,48 @@ void run(const Call<T>& call, int isa) {
   });
 }
 
+// The product for element type T: x widened first where it is bfloat16 (a step's few rows, a few
+// KB), so the micro-kernel broadcasts float32 as in the float32 product; the widened copy is
+// reused across calls, as every layer of every step makes several.
+template <typename T>
+void product(const T* x, int64_t rows, int64_t in_features, int64_t ldx, const T* panels,
+             int64_t out_features, const T* bias, const T* addend, int64_t ld_addend, T* y,
+             int64_t ldy, int isa) {
+  if (!check_arguments(x, rows, in_features, ldx, panels, out_features, addend, ld_addend, y, ldy,
+                       isa))
+    return;
+  const float* wide = nullptr;
+  int64_t ld_wide = ldx;
+  if constexpr (std::is_same_v<T, float>) {
+    wide = x;
+  } else {
+    thread_local std::vector<float> wide_x;
+    wide_x.resize(static_cast<size_t>(rows * in_features));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < in_features; ++k)
+        wide_x[r * in_features + k] = widen(x[r * ldx + k]);
+    wide = wide_x.data();
+    ld_wide = in_features;
+  }
+  run(Call<T>{wide, rows, in_features, ld_wide, panels, out_features, bias, addend, ld_addend, y,
+              ldy},
+      isa);
+}
+
 }  // namespace
 
 void panel_matmul_f32_cpu(const float* x, int64_t rows, int64_t in_features, int64_t ldx,
                           const float* panels, int64_t out_features, const float* bias,
                           const float* addend, int64_t ld_addend, float* y, int64_t ldy,
                           int isa) {
-  check_sizes(rows, in_features, ldx, panels, out_features, addend, ld_addend, ldy, isa);
-  if (rows == 0) return;
-  cpu::require(x != nullptr, "x", "is null");
-  cpu::require(y != nullptr, "out", "is null");
-  run(Call<float>{x, rows, in_features, ldx, panels, out_features, bias, addend, ld_addend, y,
-                  ldy},
-      isa);
+  product(x, rows, in_features, ldx, panels, out_features, bias, addend, ld_addend, y, ldy, isa);
 }
 
 void panel_matmul_bf16_cpu(const uint16_t* x, int64_t rows, int64_t in_features, int64_t ldx,
                            const uint16_t* panels, int64_t out_features, const uint16_t* bias,
                            const uint16_t* addend, int64_t ld_addend, uint16_t* y, int64_t ldy,
                            int isa) {
-  check_sizes(rows, in_features, ldx, panels, out_features, addend, ld_addend, ldy, isa);
-  if (rows == 0) return;
-  cpu::require(x != nullptr, "x", "is null");
-  cpu::require(y != nullptr, "out", "is null");
-  // x widened once (a step's few rows: a few KB), so the micro-kernel broadcasts float32 as in
-  // the float32 product; reused across calls, as every layer of every step makes several.
-  thread_local std::vector<float> wide_x;
-  wide_x.resize(static_cast<size_t>(rows * in_features));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < in_features; ++k)
-      wide_x[r * in_features + k] = widen(x[r * ldx + k]);
-  run(Call<uint16_t>{wide_x.data(), rows, in_features, in_features, panels, out_features, bias,
-                     addend, ld_addend, y, ldy},
-      isa);
+  product(x, rows, in_features, ldx, panels, out_features, bias, addend, ld_addend, y, ldy, isa);
 }
 
 }  // namespace tlt
