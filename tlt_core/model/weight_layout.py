@@ -21,8 +21,8 @@ inference_layout`):
   speculative step's trees) with the RMSNorm weights folded in; beside them a wide pack for
   prefill (oneDNN's, or fold's for a model small enough that fold beats oneDNN), twice one copy
   in all. In bfloat16 the weights stay the model's (folding would round them) and the panels
-  serve every product: the alternative on such a CPU, PyTorch's bfloat16 fallback, is 2x slower
-  at one row and 14x at 64 (SmolLM2-135M's layers, 2 AVX2 cores).
+  serve every product: the alternative on such a CPU, PyTorch's bfloat16 fallback, is 2.4x slower
+  at one row and 10x at 64 (SmolLM2-135M's layers, 2 AVX2 cores).
 - "views" (CUDA, or any copy over the memory budget): the parameters themselves, no copy.
   q|k|v and gate|up run as one matmul when the parameters are adjacent views of one tensor
   (`fuse_projections_`, which `load_checkpoint` applies), else as separate matmuls.
