@@ -6,8 +6,9 @@ PyTorch's bfloat16 ops.
     python bench/bf16_drift.py --model DIR --tokens 128 --json FILE
 
 One response is sampled at T = 1 from the float32 model (the prompt in the model's chat
-template, or as plain text where it has none); then every variant scores exactly that sequence, the prompt in one pass and each
-response token in a one-token decode step as the engine runs it:
+template, or as plain text where it has none); then every variant scores exactly that sequence,
+the prompt in one pass and each response token in a one-token decode step as the engine runs
+it:
 
 - "forward": the bfloat16 model's modules (Transformer.forward: PyTorch's bf16 ops, no cache);
 - one row per bfloat16 weight layout of the packed pass that applies on this CPU (views: the

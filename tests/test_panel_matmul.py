@@ -1,9 +1,9 @@
 """The panel product in float32 and bfloat16 (tlt_core.ops.panel_matmul,
-csrc/include/tlt/panel_matmul.h): its bits are the header's (tlt_core.ops.reference, exact fmaf chains), the same on the AVX2 path and
-the portable loop, on one thread or PyTorch's team, and for a row whatever the other rows are
-(rows independent, bit for bit); the inputs are never written; the add can be in place; bad
-input is named. The "panels" weight layout that uses it is tested with the others in
-tests/test_weight_layout.py."""
+csrc/include/tlt/panel_matmul.h): its bits are the header's (tlt_core.ops.reference, exact fmaf
+chains), the same on the AVX2 path and the portable loop, on one thread or PyTorch's team, and
+for a row whatever the other rows are (rows independent, bit for bit); the inputs are never
+written; the add can be in place; bad input is named. The "panels" weight layout that uses it
+is tested with the others in tests/test_weight_layout.py."""
 
 from pathlib import Path
 

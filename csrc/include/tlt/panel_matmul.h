@@ -1,10 +1,10 @@
-// The products of a decode step on the CPU, float32 or bfloat16: y = x @ W.T (+ bias) (+ addend) for the rows
-// a step has (one per running row, or a tree's nodes), reading W once from memory however many
-// rows there are. A step of a small model streams every weight once and does little arithmetic
-// on it, so its products are bound by memory bandwidth and by how well the FMAs overlap it. On
-// SmolLM2-135M's layer matrices on 2 AVX2 cores these read 28-33 GB/s at one row where oneDNN's
-// float32 products read 14-16, and run 1.6x oneDNN's speed at 5 rows, 1.3x at 16 and 1.06x at
-// 128 (weight_layout.PANEL_MAX_ROWS); from about 160 rows oneDNN's blocked GEMM wins.
+// The products of a decode step on the CPU, float32 or bfloat16: y = x @ W.T (+ bias) (+ addend)
+// for the rows a step has (one per running row, or a tree's nodes), reading W once from memory
+// however many rows there are. A step of a small model streams every weight once and does little
+// arithmetic on it, so its products are bound by memory bandwidth and by how well the FMAs overlap
+// it. On SmolLM2-135M's layer matrices on 2 AVX2 cores these read 28-33 GB/s at one row where
+// oneDNN's float32 products read 14-16, and run 1.6x oneDNN's speed at 5 rows, 1.3x at 16 and
+// 1.06x at 128 (weight_layout.PANEL_MAX_ROWS); from about 160 rows oneDNN's blocked GEMM wins.
 //
 // W (N, K) is held packed in panels of 16 output features, each panel K x 16 contiguous:
 //   panels[(p * K + k) * 16 + j] = W[16 p + j, k]   (0 where 16 p + j >= N), p < ceil(N / 16)
