@@ -43,7 +43,8 @@ inline float bits_to_float(uint32_t bits) {
 // bfloat16 is the upper half of a float32.
 inline float bfloat16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
 
-// PyTorch's float -> bfloat16: round to nearest even, any NaN to the quiet 0x7FC0.
+// c10's scalar float -> bfloat16: round to nearest even, any NaN to the quiet 0x7FC0 (a tensor's
+// .to(bfloat16) may keep a NaN's sign and payload instead).
 inline uint16_t float_to_bfloat16(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));

@@ -42,6 +42,9 @@ constexpr int64_t kPanelsPerTask = 6;
 // Below this many weight bytes a call runs on the calling thread: waking a worker costs more
 // than the product (SmolLM2's smallest matrix is 1.3 MB; the embedded model's are 6-200 KB).
 constexpr int64_t kParallelBytes = 512 << 10;
+// The most floats of widened bfloat16 x kept between calls per thread (256 KB: 128 rows of 512,
+// or 42 of SmolLM2's 1536); a larger x is widened into a buffer of its own.
+constexpr size_t kReusedWideFloats = 64 << 10;
 
 // The element types as storage: bfloat16 is the upper half of a float32.
 inline float widen(float value) { return value; }
@@ -270,9 +273,10 @@ void run(const Call<T>& call, int isa) {
   });
 }
 
-// The product for element type T: x widened first where it is bfloat16 (a step's few rows, a few
-// KB), so the micro-kernel broadcasts float32 as in the float32 product; the widened copy is
-// reused across calls, as every layer of every step makes several.
+// The product for element type T: x widened first where it is bfloat16, so the micro-kernel
+// broadcasts float32 as in the float32 product. A decode step's few rows (a few KB) reuse one
+// buffer per thread, as every layer of every step makes several calls; a larger x (prefill) gets
+// its own, freed on return, so a long prompt does not leave megabytes held per thread.
 template <typename T>
 void product(const T* x, int64_t rows, int64_t in_features, int64_t ldx, const T* panels,
              int64_t out_features, const T* bias, const T* addend, int64_t ld_addend, T* y,
@@ -280,17 +284,20 @@ void product(const T* x, int64_t rows, int64_t in_features, int64_t ldx, const T
   if (!check_arguments(x, rows, in_features, ldx, panels, out_features, addend, ld_addend, y, ldy,
                        isa))
     return;
+  std::vector<float> own;  // a large x's widened copy, freed on return
   const float* wide = nullptr;
   int64_t ld_wide = ldx;
   if constexpr (std::is_same_v<T, float>) {
     wide = x;
   } else {
-    thread_local std::vector<float> wide_x;
-    wide_x.resize(static_cast<size_t>(rows * in_features));
+    thread_local std::vector<float> reused;
+    const size_t count = static_cast<size_t>(rows * in_features);
+    std::vector<float>& buffer = count <= kReusedWideFloats ? reused : own;
+    buffer.resize(count);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t k = 0; k < in_features; ++k)
-        wide_x[r * in_features + k] = widen(x[r * ldx + k]);
-    wide = wide_x.data();
+        buffer[r * in_features + k] = widen(x[r * ldx + k]);
+    wide = buffer.data();
     ld_wide = in_features;
   }
   run(Call<T>{wide, rows, in_features, ld_wide, panels, out_features, bias, addend, ld_addend, y,

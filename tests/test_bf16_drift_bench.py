@@ -26,7 +26,7 @@ def test_rows_compare_each_bf16_variant_with_float32(tmp_path):
     for row in rows.values():
         assert row["positions"] == 12
         assert 0 <= row["kl_mean"] <= row["kl_max"] < 0.1
-        assert 0 <= row["argmax_agreement"] <= 1
+        assert row["argmax_agreement"] >= 0.75  # rounding flips a near tie, not most tokens
     if vectorised():
         worst_torch = max(rows["forward"]["kl_mean"], rows["step, views"]["kl_mean"])
         assert rows["step, panels"]["kl_mean"] <= 3 * worst_torch + 1e-7

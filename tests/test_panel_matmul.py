@@ -43,6 +43,16 @@ def test_the_product_is_the_headers_bit_for_bit(rows, out_features, in_features,
         assert torch.equal(got, want), isa
 
 
+def test_a_bfloat16_nan_is_0x7fc0_as_the_header_says():
+    weight, x, _, _ = _case(2, 20, 8, dtype=torch.bfloat16)
+    weight[3, 5] = -float("nan")  # a sign and payload torch's conversion would keep
+    panels = pack_panels(weight)
+    got = panel_matmul(x, panels, 20)
+    want = reference.panel_matmul(x, panels, 20)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert (got[:, 3].view(torch.int16) == 0x7FC0).all() and not got[:, 4].isnan().any()
+
+
 def test_bfloat16_is_the_float32_product_of_the_widened_operands_rounded_once():
     weight, x, bias, addend = _case(5, 40, 30, dtype=torch.bfloat16)
     got = panel_matmul(x, pack_panels(weight), 40, bias, addend)
@@ -60,7 +70,7 @@ def test_panels_hold_the_matrix_column_blocks_zero_padded(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 16, 33])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 16, 33, 130])  # 130: a bf16 x widened apart
 def test_rows_are_independent_and_paths_agree_at_a_real_layers_size(rows, dtype):
     # 3072 x 576: SmolLM2's gate|up matrix, large enough to run on PyTorch's thread team
     weight, x, bias, addend = _case(rows, 3072, 576, seed=rows, dtype=dtype)

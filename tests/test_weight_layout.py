@@ -287,6 +287,16 @@ def test_bfloat16_panels_keep_the_models_weights_in_one_pack(monkeypatch):
     assert_steps_follow_an_update(model, torch.bfloat16, before)
 
 
+def test_a_panels_product_names_an_input_of_another_dtype():
+    """The kernel reads x as the panels' element type: float32 activations against bf16 panels
+    (or the reverse) are named, as F.linear names mixed dtypes, never read at the wrong width."""
+    for weight_dtype, x_dtype in ((torch.bfloat16, torch.float32),
+                                  (torch.float32, torch.bfloat16)):
+        packed = weight_layout.pack_matrix(torch.ones(20, 8, dtype=weight_dtype), "panels")
+        with pytest.raises(ValueError, match="^x: expected"):
+            weight_layout.matmul(torch.ones(2, 8, dtype=x_dtype), packed, "panels")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, weight_layout.PANEL_MAX_ROWS,
                                   weight_layout.PANEL_MAX_ROWS + 1])

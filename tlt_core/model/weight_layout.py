@@ -179,6 +179,8 @@ def matmul(x: torch.Tensor, packed: torch.Tensor | PanelWeight, layout: str,
     in the panels layout, so they are not checked again here (tlt_core.ops.panel_matmul checks a
     caller's)."""
     if layout == "panels":
+        if x.dtype != packed.panels.dtype:  # the kernel reads x as the panels' element type
+            raise ValueError(f"x: expected {packed.panels.dtype} like the weight, got {x.dtype}")
         rows = x.shape[0]
         if rows > PANEL_MAX_ROWS and packed.wide is not None:
             return matmul(x, packed.wide, packed.wide_layout, bias, addend)

@@ -76,7 +76,7 @@ def launch(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch
     checking them; the packed pass's own activations, whose every call a check would cost
     ~30 us): rows dense, shapes and dtypes as panel_matmul's, `out` overlapping no input but
     `addend`."""
-    kernel = _C.panel_matmul_f32 if x.dtype == torch.float32 else _C.panel_matmul_bf16
+    kernel = _C.panel_matmul_f32 if panels.dtype == torch.float32 else _C.panel_matmul_bf16
     kernel(x.data_ptr(), x.shape[0], x.shape[1], _row_stride(x), panels.data_ptr(), out_features,
            0 if bias is None else bias.data_ptr(), 0 if addend is None else addend.data_ptr(),
            out_features if addend is None else _row_stride(addend), out.data_ptr(),
@@ -104,7 +104,9 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _dtype_of(tensor, name: str) -> torch.dtype:
     """The dtype the call runs in: `tensor`'s, where it is one of DTYPES."""
-    dtype = getattr(tensor, "dtype", torch.float32)  # a non-tensor fails _check, named
+    if not isinstance(tensor, torch.Tensor):
+        return torch.float32  # _check then names it: not a torch tensor
+    dtype = tensor.dtype
     if dtype not in DTYPES:
         raise ValueError(f"{name}: expected a float32 or bfloat16 tensor, got {dtype}")
     return dtype

@@ -827,12 +827,15 @@ def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
     (N,) and addend (M, N), all float32 or all bfloat16; returns y (M, N) of their dtype. Each
     y[r, n] is a chain of fmaf over k in order from 0, then + bias[n], then + addend[r, n], each
     one float32 add, on the operands widened to float32; in bfloat16 that float32 value rounded
-    once to bfloat16 (nearest even, as torch converts)."""
+    once to bfloat16 (nearest even; any NaN as 0x7FC0, where torch's conversion may keep a
+    NaN's sign and payload)."""
     if x.dtype == torch.bfloat16:
         def widen(tensor):
             return None if tensor is None else tensor.float()
-        return panel_matmul(x.float(), panels.float(), out_features, widen(bias),
-                            widen(addend)).to(torch.bfloat16)
+        wide = panel_matmul(x.float(), panels.float(), out_features, widen(bias), widen(addend))
+        y = wide.to(torch.bfloat16)
+        y.view(torch.int16)[wide.isnan()] = 0x7FC0
+        return y
     rows, K = x.shape
     width = panels.shape[-1]
     xs, ws = x.tolist(), panels.tolist()
