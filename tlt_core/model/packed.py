@@ -40,10 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import tlt_core.ops as ops
-from tlt_core.ops.rms_norm import launch as launch_rms_norm
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
 from tlt_core.model.weight_layout import (PackedMatrix, PanelWeight, choose_layout, matmul,
                                          pack_matrix)
+from tlt_core.ops.rms_norm import launch as launch_rms_norm
 
 
 @dataclass(frozen=True)
