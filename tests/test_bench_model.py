@@ -62,6 +62,11 @@ def test_bench_simulate_on_a_checkpoint_names_the_model_in_every_row(checkpoint,
                 "predicted_steps", "max_over_median"} <= row.keys()
         assert row["measured_s"] > 0 and math.isfinite(row["error"])
         assert (row["acceptance_length"] is None) == (row["mode"] == "off")
+        # the simulator's acceptance: per row context, from both ranks' SD steps; (6,1,7)
+        # emits 1 to 7 tokens a row step
+        by_context = row["acceptance_by_context"]
+        assert bool(by_context) == (row["mode"] == "sd")
+        assert all(1.0 <= mean <= 7.0 for mean in by_context.values())
         assert row["measured_steps"] <= 16  # no trace's response is longer than --max-length
     assert result["calibration"]["device"] == "cpu"
     assert result["projection"]["workers"] == 4

@@ -6,8 +6,9 @@ forced-length requests in groups of 8, at most 400 tokens), 2 gloo ranks (one th
 calibrate a cost model on their engine (in parallel, as they then run; every measurement swept
 `reps` times, medians kept), then roll out each trace `reps` times with SD off and with SD
 (6,1,7) on every step; the simulator predicts each median makespan from rank 0's cost model (SD
-off from its SD_OFF steps, with no drafter in the loop) and the run's mean acceptance. A row per
-(shape, mode): measured, predicted, error.
+off from its SD_OFF steps, with no drafter in the loop) and the run's acceptance per row context
+(AcceptanceByContext, from every rank's SD steps). A row per (shape, mode): measured,
+predicted, error.
 
 The model: the embedded one by default, on prompts whose natural responses are longer than any
 forced length (embedded_replay); or a checkpoint (`--model DIR --drafter DIR`, model_replay) on
@@ -59,7 +60,8 @@ from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.embedded.workload import EmbeddedWorkload
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.model.checkpoint import load_checkpoint
-from tlt_core.sim.simulator import adaptive_plan, load_calibration, save_calibration, simulate
+from tlt_core.sim.simulator import (AcceptanceByContext, adaptive_plan, load_calibration,
+                                   save_calibration, simulate)
 from tlt_core.sim.traces import replay_requests, sample_lengths
 from tlt_core.workers.group import WorkerGroup
 from tlt_core.workers.round import rollout_round
@@ -212,7 +214,7 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
                                  max_length=sizes.max_length, **params)
         requests = replay_requests(lengths, replay.prompts, group_size=sizes.group_size)
         for mode, plan in (("off", None), ("sd", PLAN)):
-            times, accepted = [], []
+            times, accepted, sd_steps = [], [], []
             for _ in range(reps):
                 _, stats = rollout_round(group, engine, requests, round_id, plan,
                                          group_size=sizes.group_size)
@@ -220,11 +222,16 @@ def _worker(rank: int, world: int, rendezvous: str, setup: dict) -> None:
                 times.append(stats.makespan_s)
                 accepted.append(group.mean(stats.acceptance_length))
                 steps = group.all_reduce_sum(torch.tensor([float(len(stats.trace_time_s))]))
+                sd_steps += [(o.context, o.batch, o.emitted) for o in stats.step_trace
+                             if o.plan is not None]
+            every_rank: list[list] = [[] for _ in range(world)]
+            dist.all_gather_object(every_rank, sd_steps)
             rows.append({"shape": shape, "mode": mode, "lengths": lengths,
                          "measured_s": sorted(times)[len(times) // 2], "rank": rank,
                          "measured_steps": float(steps[0]) / world,
                          "acceptance_length": (sum(accepted) / len(accepted)
-                                               if plan is not None else None)})
+                                               if plan is not None else None),
+                         "sd_steps": [step for part in every_rank for step in part]})
     if rank == 0:
         Path(setup["out"]).write_text(json.dumps(rows))
     dist.barrier()
@@ -249,9 +256,12 @@ def validate(replay: Replay, reps: int = 3) -> dict:
                       for i in range(sizes.requests)]
     for row in rows:
         plan = None if row["mode"] == "off" else PLAN
-        # the workload's acceptance is an input: forced lengths run past the natural end of a
-        # response, where drafts are accepted less than on the calibration's text
-        measured = {PLAN.key: row["acceptance_length"]} if plan is not None else None
+        # the workload's acceptance is an input, per row context as the run measured it: a
+        # forced length runs past the natural end of its response, where drafts are accepted
+        # less than on the calibration's text, and the longest rows, which set the makespan,
+        # spend the most steps there
+        measured = AcceptanceByContext.measured(
+            (PLAN.key, context, batch, emitted) for context, batch, emitted in row["sd_steps"])
         predicted = simulate(row["lengths"], cost, workers=WORLD,
                              max_batch=sizes.requests // WORLD, group_size=sizes.group_size,
                              plan=None if plan is None else lambda batch: PLAN,
@@ -262,7 +272,9 @@ def validate(replay: Replay, reps: int = 3) -> dict:
         row["error"] = predicted.makespan_s / row["measured_s"] - 1
         ordered = sorted(row["lengths"])
         row["max_over_median"] = ordered[-1] / ordered[len(ordered) // 2]
-        del row["lengths"], row["rank"]
+        row["acceptance_by_context"] = {  # context bucket (2^(bucket/4) tokens) -> tokens a row
+            str(bucket): mean for bucket, mean in measured.table.get(PLAN.key, {}).items()}
+        del row["lengths"], row["rank"], row["sd_steps"]
     return {"model": replay.label, "rows": rows, "calibration": calibration, "cost_model": cost,
             "max_abs_error": max(abs(r["error"]) for r in rows)}
 
