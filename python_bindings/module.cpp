@@ -11,6 +11,7 @@
 
 #include <string>
 
+#include "tlt/attention.h"
 #include "tlt/device.h"
 #include "tlt/idle.h"
 #include "tlt/kv_cache.h"
@@ -237,6 +238,19 @@ void panel_matmul_bf16(uintptr_t x, int64_t rows, int64_t in_features, int64_t l
                              ptr<const uint16_t>(addend), ld_addend, ptr<uint16_t>(out), ldy, isa);
 }
 
+// CPU only, as rope_kv_write. mask may be 0 (every query sees every slot read).
+void decode_attention(uintptr_t q, int64_t batch, int64_t q_heads, int64_t tokens,
+                      int64_t head_dim, uintptr_t cache_k, uintptr_t cache_v, int64_t kv_heads,
+                      int64_t row_stride, int64_t head_stride, int64_t max_len, int64_t slots,
+                      uintptr_t mask, int64_t mask_batch_stride, int64_t mask_token_stride,
+                      float scale, uintptr_t out, int32_t out_type) {
+  tlt::decode_attention_cpu(ptr<const float>(q), batch, q_heads, tokens, head_dim,
+                            ptr<const float>(cache_k), ptr<const float>(cache_v), kv_heads,
+                            row_stride, head_stride, max_len, slots, ptr<const uint8_t>(mask),
+                            mask_batch_stride, mask_token_stride, scale, ptr<void>(out),
+                            static_cast<tlt::FloatType>(out_type));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -254,6 +268,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("panel_matmul_f32", &panel_matmul_f32, nogil);
   m.def("panel_matmul_bf16", &panel_matmul_bf16, nogil);
   m.def("panel_matmul_vectorised", &tlt::panel_matmul_vectorised);
+  m.def("decode_attention", &decode_attention, nogil);
   m.attr("panel_width") = tlt::kPanelWidth;
   // Idle detection (tlt/idle.h); std::invalid_argument surfaces as ValueError.
   py::class_<tlt::IdleStateMachine>(m, "IdleStateMachine")

@@ -62,7 +62,7 @@ SPECIAL_FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, 2.0, 1 - 2**-24, 1e-6, 1e-7, 1e-42,
 @pytest.mark.parametrize("op", ["select_tree", "tree_metadata", "unpack_tree_mask",
                                 "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
                                 "philox_uniforms", "rope_kv_write", "add_rms_norm",
-                                "panel_matmul"])
+                                "panel_matmul", "decode_attention"])
 def test_fuzzed_calls_return_the_reference_or_name_an_argument(op, tmp_path):
     # Run from the repository root, like pytest: `tests` and `tlt_core` import from there.
     script = f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"
@@ -628,8 +628,58 @@ def fuzz_panel_matmul(data) -> bool:
     return True
 
 
+def fuzz_decode_attention(data) -> bool:
+    batch, kv_heads = data.draw(st.integers(0, 3)), data.draw(st.integers(1, 2))
+    q_heads = kv_heads * data.draw(st.integers(1, 3)) + data.draw(st.sampled_from([0] * 9 + [1]))
+    tokens, d = data.draw(st.integers(1, 3)), data.draw(st.sampled_from([1, 3, 8, 16]))
+    max_len = data.draw(st.integers(1, 80))  # past 64 slots: a second chunk
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    float_dtypes = [torch.float32] * 9 + ALL_DTYPES
+
+    def tensor(shape):
+        values = objects(torch.randn(shape, generator=g).tolist()).reshape(shape)
+        array = draw_array(data, values, torch.float32, SPECIAL_FLOATS, dtypes=float_dtypes)
+        # mostly a torch tensor, the only kind this op takes: its checks past the first run
+        if isinstance(array, np.ndarray) and data.draw(st.integers(0, 3)):
+            array = torch.from_numpy(array)
+        return array
+
+    q = tensor((batch, q_heads, tokens, d))
+    cache = tensor((2, batch + 1, kv_heads, max_len, d))
+    if isinstance(cache, torch.Tensor) and cache.dim() == 5 and data.draw(st.booleans()):
+        cache = cache[:, :batch]  # the engine's running rows: a strided view
+    slots = draw_number(data, [max_len] * 12 + [1, max(max_len // 2, 1)] * 3 + [0, max_len + 1, -1])
+    mask = None
+    if data.draw(st.booleans()):
+        shape = (data.draw(st.sampled_from([batch, 1])), 1, data.draw(st.sampled_from([tokens, 1])),
+                 slots if isinstance(slots, int) and 0 < slots < 200 else 1)
+        mask = torch.rand(shape, generator=g) < data.draw(st.sampled_from([0.0, 0.5, 1.0]))
+        if data.draw(st.integers(0, 9)) == 0:
+            mask = mask.float()
+    out_dtype = data.draw(st.sampled_from([torch.float32] * 4 + [torch.bfloat16] * 4
+                                          + [torch.float16, torch.int32]))
+    args = [q, cache, slots, mask, out_dtype]
+    inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    returned, out = call(ops.decode_attention, *args)
+    for before, after in zip(inputs, args):  # never written
+        if isinstance(after, torch.Tensor):
+            torch.testing.assert_close(after, before, rtol=0, atol=0, equal_nan=True)
+    if not returned:
+        return False
+    assert out.shape == (batch * tokens, q_heads * d) and out.dtype == out_dtype
+    # finite inputs of a moderate size: the float64 math to float32 rounding (past that, the
+    # header promises non-finite outputs for the queries they reach, not which)
+    if all(t.numel() == 0 or (bool(t.isfinite().all()) and float(t.abs().max()) < 1e3)
+           for t in (q, cache)):
+        want = reference.decode_attention(q, cache, int(slots), mask)
+        tolerance = 1e-5 if out_dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(out.double(), want, rtol=tolerance, atol=tolerance)
+    return True
+
+
 CASES = {"select_tree": fuzz_select_tree, "tree_metadata": fuzz_tree_metadata,
          "unpack_tree_mask": fuzz_unpack_tree_mask, "verify_tree_greedy": fuzz_verify_tree_greedy,
          "verify_tree_sampling": fuzz_verify_tree_sampling, "compact_kv_": fuzz_compact_kv_,
          "philox_uniforms": fuzz_philox_uniforms, "rope_kv_write": fuzz_rope_kv_write,
-         "add_rms_norm": fuzz_add_rms_norm, "panel_matmul": fuzz_panel_matmul}
+         "add_rms_norm": fuzz_add_rms_norm, "panel_matmul": fuzz_panel_matmul,
+         "decode_attention": fuzz_decode_attention}

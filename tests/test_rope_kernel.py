@@ -58,6 +58,9 @@ def test_an_engine_decodes_the_same_with_the_kernel_and_without(target, drafter,
     draft = Drafter(model, drafter.config)
     draft.load_state_dict(drafter.state_dict())
     runs = []
+    # attention through PyTorch in both runs: the attention kernel needs the RoPE kernel's q
+    # (tests/test_decode_attention.py compares the two attentions)
+    monkeypatch.setattr(packed, "ATTENTION_KERNEL", False)
     for kernel in (True, False):
         monkeypatch.setattr(packed, "ROPE_KV_KERNEL", kernel)
         engine = RolloutEngine(model, EngineConfig(max_batch=4, max_len=64), draft.eval())

@@ -279,6 +279,9 @@ def plan_for(input_ids: torch.Tensor, cache, tree_mask: torch.Tensor | None,
 ROPE_KV_KERNEL = True
 # Layouts whose products take the residual add (weight_layout.matmul's addend): one op fewer
 RESIDUAL_IN_PRODUCT = ("fold", "panels")
+# False: attention through PyTorch's scaled_dot_product_attention on the CPU too (the kernel
+# agrees with it to float32 rounding: tlt_core.ops.attention)
+ATTENTION_KERNEL = True
 # False: bf16 RMSNorms as tensor ops on the CPU too (the kernel's sum of squares may move a
 # value by one bf16 place: tlt_core.ops.rms_norm)
 RMS_NORM_KERNEL = True
@@ -308,6 +311,10 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     else:
         cos, sin_signed = layers.rope(rotary, positions, plan.read_len, h.dtype)  # (B, T, 1, d)
         rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
+    # Attention over a float32 cache on the CPU: one kernel call a layer that reads q as the
+    # RoPE kernel wrote it and writes what the o projection reads (tlt_core.ops.attention)
+    attend = (ops.DecodeAttention(q, plan.mask, plan.read_len, H_kv, h.dtype)
+              if fused and ATTENTION_KERNEL and cache_dtype == torch.float32 else None)
     # bf16 on the CPU: each RMSNorm, with the residual add before it, in one kernel call
     # (tlt_core.ops.rms_norm); elsewhere tensor ops (a GPU replays the pass as a CUDA graph)
     norm_kernel = RMS_NORM_KERNEL and h.device.type == "cpu" and h.dtype == torch.bfloat16
@@ -336,12 +343,15 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
             q = q if same_dtype else q.to(cache_dtype)
         # Attention in the cache's dtype (kv_cache.cache_dtype: float32 for a half-precision
         # model on the CPU), so the cache is read as stored; only q and the output convert.
-        keys, values = layer_kv[0, :, :, :plan.read_len], layer_kv[1, :, :, :plan.read_len]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask,
-                                             enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
-        out = out.transpose(1, 2).reshape(B * T, H_q * d)
-        if not same_dtype:
-            out = out.to(h.dtype)
+        if attend is not None:
+            out = attend(layer_kv)  # (B T, H_q d)
+        else:
+            keys, values = layer_kv[0, :, :, :plan.read_len], layer_kv[1, :, :, :plan.read_len]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask,
+                                                 enable_gqa=H_q != H_kv)  # (B, H_q, T, d)
+            out = out.transpose(1, 2).reshape(B * T, H_q * d)
+            if not same_dtype:
+                out = out.to(h.dtype)
         if layout in RESIDUAL_IN_PRODUCT:  # + o_proj folded into the residual add
             h = matmul(out, packed.o, layout, packed.o_bias, addend=h)
             h, x = _add_norm(h, None, packed.post_attention_norm, layers.eps, norm_kernel)

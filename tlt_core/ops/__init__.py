@@ -29,6 +29,7 @@ import torch
 from tlt_core import _C
 from tlt_core.ops import _arrays as arr
 from tlt_core.ops.records import DraftTree, TreeMetadata, VerifyOutput
+from tlt_core.ops.attention import DecodeAttention, decode_attention
 from tlt_core.ops.panel_matmul import pack_panels, panel_matmul
 from tlt_core.ops.rms_norm import add_rms_norm
 from tlt_core.ops.rope import RopeKVWriter, rope_kv_write
@@ -37,7 +38,8 @@ __all__ = [
     "DraftTree", "TreeMetadata", "VerifyOutput", "select_tree", "tree_metadata",
     "unpack_tree_mask", "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
     "philox_uniforms", "rope_kv_write", "RopeKVWriter", "add_rms_norm", "pack_panels",
-    "panel_matmul", "built_with_cuda", "MIN_TEMPERATURE",
+    "panel_matmul", "decode_attention", "DecodeAttention", "built_with_cuda",
+    "MIN_TEMPERATURE",
 ]
 
 built_with_cuda: bool = _C.built_with_cuda

@@ -857,3 +857,28 @@ def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
             y[r, n] = value
     return torch.from_numpy(y)
 
+
+
+def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,
+                     mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """attention.h's math in float64, one query at a time over the slots it sees: q (B, H_q,
+    T, d), cache_kv (2, B, H_kv, max_len, d), mask None or bool (B or 1, 1, T or 1, slots).
+    Returns (B T, H_q d) float64; a query that sees no slot gets zeros. The kernel's float32
+    sums and exp agree with it to float32 rounding."""
+    B, H_q, T, d = q.shape
+    H_kv = cache_kv.shape[2]
+    group = H_q // H_kv
+    out = torch.zeros(B, T, H_q, d, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H_q):
+            keys = cache_kv[0, b, h // group, :slots].double()  # (S, d)
+            values = cache_kv[1, b, h // group, :slots].double()
+            for t in range(T):
+                sees = (torch.ones(slots, dtype=torch.bool) if mask is None
+                        else mask[b % mask.shape[0], 0, t % mask.shape[2]])
+                if not bool(sees.any()):
+                    continue
+                scores = keys[sees] @ q[b, h, t].double() / math.sqrt(d)
+                weights = torch.softmax(scores, 0)
+                out[b, t, h] = weights @ values[sees]
+    return out.reshape(B * T, H_q * d)

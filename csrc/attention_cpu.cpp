@@ -1,0 +1,365 @@
+// CPU implementation of attention.h. A task is up to kQueryBlock queries that share a KV head
+// in one row (query heads of a group x new tokens). Each query takes three passes over the
+// slots it sees (scores and their max, exponentials and their sum, the weighted sum of V), the
+// slots in chunks that every query of the task reads while they are in L1; a query's
+// arithmetic is the same whatever else the call holds. On AVX2 eight slots' dot products run at
+// once, and the exponentials and the V sums eight lanes wide.
+#include "tlt/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu_common.h"
+#include "parallel.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define TLT_ATTENTION_X86 1
+#endif
+
+namespace tlt {
+namespace {
+
+// Below this many multiply-adds (B H_q T S d) a call runs on the calling thread: waking the
+// team costs more (SmolLM2 decoding one token over 200 slots is 115 K a layer, 15 us).
+constexpr int64_t kParallelWork = 1 << 18;
+// V is summed in column blocks of this many floats: eight AVX2 accumulators.
+constexpr int64_t kValueBlock = 64;
+// Slots whose K (then V) rows every query of a task reads while they are in L1 (16 KB of K at
+// d = 64).
+constexpr int64_t kSlotChunk = 64;
+// The most queries (heads sharing a KV head x new tokens) one task runs: more tasks than cores
+// for a wide pass, each reading its KV head's slots from memory once.
+constexpr int64_t kQueryBlock = 8;
+
+struct Problem {
+  const float* q;
+  int64_t batch, q_heads, tokens, d;
+  const float* k;
+  const float* v;
+  int64_t group;  // query heads per KV head
+  int64_t row_stride, head_stride, slots;
+  const uint8_t* mask;
+  int64_t mask_batch_stride, mask_token_stride;
+  float scale;
+  void* out;
+  FloatType out_type;
+};
+
+#ifdef TLT_ATTENTION_X86
+// The sum of each of eight vectors' lanes, as one vector: lanes ((0 + 1) + (2 + 3)) + ((4 + 5) +
+// (6 + 7)) for each, whichever place it has among the eight.
+__attribute__((target("avx2,fma"))) inline __m256 lane_sums(const __m256* v) {
+  const __m256 s01 = _mm256_hadd_ps(v[0], v[1]), s23 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 s45 = _mm256_hadd_ps(v[4], v[5]), s67 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  // low halves hold lanes 0-3 of each vector, high halves lanes 4-7
+  const __m256 low = _mm256_permute2f128_ps(s0123, s4567, 0x20);
+  const __m256 high = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+  return _mm256_add_ps(low, high);
+}
+
+// scores[n] = scale * q . key(seen[n]) for n < count, eight slots at a time (one accumulator
+// each, k in order); a slot's bits do not depend on the others in its eight. Returns their max.
+__attribute__((target("avx2,fma"))) float scores_avx2(const float* query, const float* keys,
+                                                      const int64_t* seen, int64_t count,
+                                                      int64_t d, float scale, float* scores) {
+  // a last group of fewer than eight repeats its first slot, which leaves the max as it is
+  __m256 top = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t n0 = 0; n0 < count; n0 += 8) {
+    const int64_t group = count - n0 < 8 ? count - n0 : 8;
+    const float* key[8];
+    for (int64_t m = 0; m < 8; ++m) key[m] = keys + seen[n0 + (m < group ? m : 0)] * d;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int m = 0; m < 8; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+      const __m256 q = _mm256_loadu_ps(query + i);
+#pragma GCC unroll 8
+      for (int m = 0; m < 8; ++m)
+        acc[m] = _mm256_fmadd_ps(q, _mm256_loadu_ps(key[m] + i), acc[m]);
+    }
+    alignas(32) float out[8];
+    const __m256 scaled = _mm256_mul_ps(_mm256_set1_ps(scale), lane_sums(acc));
+    top = _mm256_max_ps(top, scaled);
+    _mm256_store_ps(out, scaled);
+    for (int64_t m = 0; m < group; ++m) scores[n0 + m] = out[m];
+  }
+  __m128 half = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+}
+
+// exp(x) for x <= 0, eight at a time: 2^n exp(r), |r| <= ln 2 / 2, with Cephes' expf
+// polynomial (within 2 float32 ulps of exp); below -87 (where float32's exp leaves the normal
+// range) 0, beside the largest score's weight of 1.
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
+                                 _mm256_set1_ps(1.f));
+  const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  const __m256 two_to_n = _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23));
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, two_to_n));
+}
+
+// p[n] = exp(p[n] - top) for n < count; returns their sum (eight lane sums, then lane_sums'
+// order across the lanes).
+__attribute__((target("avx2,fma"))) float weights_avx2(float* p, int64_t count, float top) {
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  int64_t n = 0;
+  for (; n + 8 <= count; n += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(p + n), shift));
+    _mm256_storeu_ps(p + n, e);
+    total = _mm256_add_ps(total, e);
+  }
+  if (n < count) {
+    alignas(32) float rest[8] = {};
+    for (int64_t m = n; m < count; ++m) rest[m - n] = p[m];
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_load_ps(rest), shift));
+    const __m256 kept = _mm256_blendv_ps(  // lanes past count add +0
+        _mm256_setzero_ps(), e,
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count - n)),
+                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+    _mm256_store_ps(rest, kept);
+    for (int64_t m = n; m < count; ++m) p[m] = rest[m - n];
+    total = _mm256_add_ps(total, kept);
+  }
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 parts[8] = {total, zero, zero, zero, zero, zero, zero, zero};
+  return _mm_cvtss_f32(_mm256_castps256_ps128(lane_sums(parts)));
+}
+
+// out[0, width) += p[n] * V[seen[n], 0, width) for n < count, in order; width a multiple of 8
+// up to kValueBlock.
+__attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const float* v,
+                                                           int64_t v_stride, const int64_t* seen,
+                                                           int64_t count, int64_t width,
+                                                           float* out) {
+  __m256 acc[kValueBlock / 8];
+  const int64_t lanes = width / 8;
+#pragma GCC unroll 8
+  for (int64_t c = 0; c < kValueBlock / 8; ++c)
+    acc[c] = c < lanes ? _mm256_loadu_ps(out + 8 * c) : _mm256_setzero_ps();
+  for (int64_t n = 0; n < count; ++n) {
+    const __m256 weight = _mm256_broadcast_ss(p + n);
+    const float* row = v + seen[n] * v_stride;
+#pragma GCC unroll 8
+    for (int64_t c = 0; c < kValueBlock / 8; ++c)
+      if (c < lanes) acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * c), acc[c]);
+  }
+#pragma GCC unroll 8
+  for (int64_t c = 0; c < kValueBlock / 8; ++c)
+    if (c < lanes) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+
+bool has_avx2() {
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return supported;
+}
+#endif
+
+// A task's queries: for query j, the slots it sees (seen[j S ..]), their scores and then
+// weights (p[j S ..]), and its running sums of V (sums[j d ..]).
+struct Scratch {
+  std::vector<int64_t> seen, count, cursor;
+  std::vector<float> p, top, total, sums;
+  void reserve(int64_t queries, int64_t slots, int64_t d) {
+    // each buffer sized on its own: after a failed resize the others must not pass as grown
+    auto grow = [](auto& buffer, int64_t size) {
+      if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+    };
+    grow(seen, queries * slots);
+    grow(p, queries * slots);
+    grow(sums, queries * d);
+    for (auto* buffer : {&count, &cursor}) grow(*buffer, queries);
+    for (auto* buffer : {&top, &total}) grow(*buffer, queries);
+  }
+};
+
+// Queries [j0, j1) of KV head g in row b, query j being token j % T of head g G + j / T: the
+// slots in chunks of kSlotChunk, each chunk's K (then V) rows read by every query while they are
+// in L1. A query's arithmetic is the same as alone: its scores are per slot, and its exponential
+// sums and V sums run over its own slots in order, chunk after chunk.
+void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j1, bool vector,
+                  Scratch& scratch) {
+  const int64_t d = pb.d, S = pb.slots, T = pb.tokens;
+  const int64_t kv_offset = b * pb.row_stride + g * pb.head_stride;
+  const float* keys = pb.k + kv_offset;
+  const float* values = pb.v + kv_offset;
+  const int64_t queries = j1 - j0;
+  scratch.reserve(queries, S, d);
+  auto query_of = [&](int64_t j) {
+    return pb.q + ((b * pb.q_heads + g * pb.group + (j0 + j) / T) * T + (j0 + j) % T) * d;
+  };
+  for (int64_t j = 0; j < queries; ++j) {
+    const int64_t t = (j0 + j) % T;
+    const uint8_t* sees = pb.mask == nullptr
+                              ? nullptr
+                              : pb.mask + b * pb.mask_batch_stride + t * pb.mask_token_stride;
+    int64_t* seen = scratch.seen.data() + j * S;
+    int64_t count = 0;
+    for (int64_t s = 0; s < S; ++s)
+      if (sees == nullptr || sees[s] != 0) seen[count++] = s;
+    scratch.count[j] = count;
+    scratch.top[j] = -std::numeric_limits<float>::infinity();
+  }
+
+  // Each query's seen slots below `end`, from where the last chunk stopped: [n0, n1).
+  auto chunk_of = [&](int64_t j, int64_t end, int64_t& n0, int64_t& n1) {
+    const int64_t* seen = scratch.seen.data() + j * S;
+    n0 = n1 = scratch.cursor[j];
+    while (n1 < scratch.count[j] && seen[n1] < end) ++n1;
+    scratch.cursor[j] = n1;
+  };
+
+  std::fill(scratch.cursor.begin(), scratch.cursor.begin() + queries, 0);
+  for (int64_t c0 = 0; c0 < S; c0 += kSlotChunk) {
+    for (int64_t j = 0; j < queries; ++j) {
+      int64_t n0, n1;
+      chunk_of(j, c0 + kSlotChunk, n0, n1);
+      const int64_t* seen = scratch.seen.data() + j * S;
+      float* p = scratch.p.data() + j * S;
+      const float* query = query_of(j);
+      float top = scratch.top[j];
+#ifdef TLT_ATTENTION_X86
+      if (vector && n1 > n0) {
+        const float chunk_top = scores_avx2(query, keys, seen + n0, n1 - n0, d, pb.scale, p + n0);
+        top = chunk_top > top ? chunk_top : top;
+      }
+#endif
+      if (!vector) {
+        for (int64_t n = n0; n < n1; ++n) {
+          const float* key = keys + seen[n] * d;
+          float dot = 0.f;
+          for (int64_t i = 0; i < d; ++i) dot = std::fma(query[i], key[i], dot);
+          p[n] = pb.scale * dot;
+          top = p[n] > top ? p[n] : top;
+        }
+      }
+      scratch.top[j] = top;
+    }
+  }
+
+  for (int64_t j = 0; j < queries; ++j) {
+    float* p = scratch.p.data() + j * S;
+    const int64_t count = scratch.count[j];
+    const float top = scratch.top[j];
+    float total = 0.f;
+#ifdef TLT_ATTENTION_X86
+    if (vector) total = weights_avx2(p, count, top);
+#endif
+    if (!vector) {
+      for (int64_t n = 0; n < count; ++n) {
+        p[n] = std::exp(p[n] - top);
+        total += p[n];
+      }
+    }
+    scratch.total[j] = total;
+    std::fill(scratch.sums.data() + j * d, scratch.sums.data() + (j + 1) * d, 0.f);
+  }
+
+  std::fill(scratch.cursor.begin(), scratch.cursor.begin() + queries, 0);
+  for (int64_t c0 = 0; c0 < S; c0 += kSlotChunk) {
+    for (int64_t j = 0; j < queries; ++j) {
+      int64_t n0, n1;
+      chunk_of(j, c0 + kSlotChunk, n0, n1);
+      const int64_t* seen = scratch.seen.data() + j * S;
+      const float* p = scratch.p.data() + j * S;
+      float* sums = scratch.sums.data() + j * d;
+      for (int64_t i0 = 0; i0 < d; i0 += kValueBlock) {
+        const int64_t width = d - i0 < kValueBlock ? d - i0 : kValueBlock;
+#ifdef TLT_ATTENTION_X86
+        if (vector) {
+          weighted_sum_avx2(p + n0, values + i0, d, seen + n0, n1 - n0, width, sums + i0);
+          continue;
+        }
+#endif
+        for (int64_t i = i0; i < i0 + width; ++i)
+          for (int64_t n = n0; n < n1; ++n)
+            sums[i] = std::fma(p[n], values[seen[n] * d + i], sums[i]);
+      }
+    }
+  }
+
+  for (int64_t j = 0; j < queries; ++j) {
+    const int64_t h = g * pb.group + (j0 + j) / T, t = (j0 + j) % T;
+    const int64_t out_offset = ((b * T + t) * pb.q_heads + h) * d;
+    const float* sums = scratch.sums.data() + j * d;
+    for (int64_t i = 0; i < d; ++i) {
+      const float value = scratch.count[j] == 0 ? 0.f : sums[i] / scratch.total[j];
+      if (pb.out_type == FloatType::kFloat32)
+        static_cast<float*>(pb.out)[out_offset + i] = value;
+      else
+        static_cast<uint16_t*>(pb.out)[out_offset + i] = cpu::float_to_bfloat16(value);
+    }
+  }
+}
+
+}  // namespace
+
+void decode_attention_cpu(const float* q, int64_t batch, int64_t q_heads, int64_t tokens,
+                          int64_t head_dim, const float* cache_k, const float* cache_v,
+                          int64_t kv_heads, int64_t row_stride, int64_t head_stride,
+                          int64_t max_len, int64_t slots, const uint8_t* mask,
+                          int64_t mask_batch_stride, int64_t mask_token_stride, float scale,
+                          void* out, FloatType out_type) {
+  cpu::require(batch >= 0, "q", "batch must be >= 0");
+  cpu::require(q_heads >= 1 && tokens >= 1 && head_dim >= 1, "q",
+               "heads, tokens and head_dim must be >= 1");
+  cpu::require(kv_heads >= 1 && q_heads % kv_heads == 0, "kv_heads",
+               "must be >= 1 and divide the query heads");
+  cpu::require(max_len >= 1 && slots >= 1 && slots <= max_len, "slots",
+               "must be in [1, max_len]");
+  cpu::require(head_stride >= max_len * head_dim, "head_stride", "must be >= max_len * head_dim");
+  cpu::require(row_stride >= kv_heads * head_stride, "row_stride",
+               "must be >= kv_heads * head_stride");
+  cpu::require(mask_batch_stride >= 0 && mask_token_stride >= 0, "mask",
+               "strides must be >= 0");
+  cpu::require(std::isfinite(scale), "scale", "must be finite");
+  cpu::require(out_type == FloatType::kFloat32 || out_type == FloatType::kBFloat16, "out",
+               "must be float32 or bfloat16");
+  if (batch == 0) return;
+  cpu::require(q != nullptr, "q", "is null");
+  cpu::require(cache_k != nullptr && cache_v != nullptr, "cache", "is null");
+  cpu::require(out != nullptr, "out", "is null");
+
+#ifdef TLT_ATTENTION_X86
+  const bool vector = head_dim % 8 == 0 && has_avx2();
+#else
+  const bool vector = false;
+#endif
+  const Problem pb{q,    batch,     q_heads,     tokens,     head_dim,         cache_k,
+                   cache_v, q_heads / kv_heads, row_stride, head_stride, slots,
+                   mask, mask_batch_stride, mask_token_stride, scale, out, out_type};
+  // a task: up to kQueryBlock queries of one KV head in one row
+  const int64_t per_head = (q_heads / kv_heads) * tokens;
+  const int64_t blocks = (per_head + kQueryBlock - 1) / kQueryBlock;
+  const int64_t tasks = batch * kv_heads * blocks;
+  auto task = [&](int64_t index) {
+    thread_local Scratch scratch;
+    const int64_t block = index % blocks, head = index / blocks;
+    attend_block(pb, head / kv_heads, head % kv_heads, block * kQueryBlock,
+                 std::min(per_head, (block + 1) * kQueryBlock), vector, scratch);
+  };
+  if (batch * q_heads * tokens * slots * head_dim < kParallelWork) {
+    for (int64_t index = 0; index < tasks; ++index) task(index);
+    return;
+  }
+  cpu::parallel_for_on_openmp_team(tasks, task);
+}
+
+}  // namespace tlt

@@ -1,0 +1,124 @@
+"""`decode_attention`: a decode step's new tokens attending over one layer's KV cache on the
+CPU, in one kernel call that writes the output as the o projection reads it
+(csrc/include/tlt/attention.h).
+
+PyTorch's scaled_dot_product_attention costs a small model about 60 us a layer on this
+project's CPUs for a few hundred thousand multiply-adds, and its (B, H_q, T, d) output then
+needs a transpose, a copy and a narrowing before the o projection. Each query's bits here
+depend only on its own q and the slots it sees, so a token verified inside a draft tree gets
+the bits it would get decoded alone. Float32 cache (the CPU's, for float32 and bf16 models:
+tlt_core.model.kv_cache.cache_dtype); output float32 or bfloat16. CPU tensors only: on a GPU
+the passes replay as CUDA graphs.
+
+`DecodeAttention` is the kernel for a whole pass: q, the mask and the output's dtype are
+checked once, each layer's call checks only its cache planes.
+
+Shapes: B rows, T new tokens per row, H_q / H_kv query / key-value heads, d head_dim, S cache
+slots read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tlt_core import _C
+from tlt_core.ops import _arrays as arr
+
+_OUT_TYPES = {torch.float32: 0, torch.bfloat16: 2}  # tlt::FloatType
+
+
+def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,
+                     mask: torch.Tensor | None = None,
+                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """softmax(q K^T / sqrt(d)) V over the first `slots` slots of cache_kv, for q (B, H_q, T,
+    d) float32 contiguous and cache_kv (2, B, H_kv, max_len, d) float32 (one layer's keys and
+    values; any view whose last two dimensions are dense); query head h reads KV head
+    h // (H_q / H_kv). mask: None (every query sees every slot read) or bool (B or 1, 1, T or
+    1, slots), True where the query sees the slot (what scaled_dot_product_attention's
+    attn_mask means). Returns (B T, H_q d) of out_dtype (float32 or bfloat16): row b T + t holds
+    query t of row b, heads side by side. A query that sees no slot gets zeros."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q: expected a 4-D torch tensor (B, H_q, T, d), got {_described(q)}")
+    H_q = q.shape[1]
+    if not isinstance(cache_kv, torch.Tensor) or cache_kv.dim() != 5:
+        raise ValueError(f"cache_kv: expected a 5-D torch tensor (2, B, H_kv, max_len, d), got "
+                         f"{_described(cache_kv)}")
+    kv_heads = cache_kv.shape[2]
+    if kv_heads < 1 or H_q % kv_heads:
+        raise ValueError(f"cache_kv: its H_kv = {kv_heads} heads must divide q's H_q = {H_q}")
+    return DecodeAttention(q, mask, slots, kv_heads, out_dtype)(cache_kv)
+
+
+class DecodeAttention:
+    """decode_attention with what every layer of a pass shares checked once; call it with each
+    layer's cache_kv. It reads q and mask at each call (the pass writes q between calls)."""
+
+    def __init__(self, q: torch.Tensor, mask: torch.Tensor | None, slots: int, kv_heads: int,
+                 out_dtype: torch.dtype = torch.float32):
+        if not isinstance(q, torch.Tensor) or q.dim() != 4:
+            raise ValueError(f"q: expected a 4-D torch tensor (B, H_q, T, d), got "
+                             f"{_described(q)}")
+        if q.device.type != "cpu" or q.dtype != torch.float32:
+            raise ValueError(f"q: decode_attention runs on float32 CPU tensors (on a GPU the "
+                             f"passes are CUDA graphs), got {_described(q)}")
+        arr.require_contiguous(q, "q")
+        B, H_q, T, d = q.shape
+        if min(H_q, T, d) < 1:
+            raise ValueError(f"q: heads, tokens and head_dim must be >= 1, got {tuple(q.shape)}")
+        if (not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1
+                or H_q % kv_heads):
+            raise ValueError(f"kv_heads: must be an int >= 1 dividing H_q = {H_q}, got "
+                             f"{kv_heads!r}")
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise ValueError(f"slots: must be an int >= 1, got {slots!r}")
+        if out_dtype not in _OUT_TYPES:
+            raise ValueError(f"out_dtype: must be float32 or bfloat16, got {out_dtype}")
+        mask_strides = (0, 0)
+        if mask is not None:
+            if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool
+                    or mask.device.type != "cpu" or mask.dim() != 4
+                    or mask.shape[0] not in (1, B) or mask.shape[1] != 1
+                    or mask.shape[2] not in (1, T) or mask.shape[3] != slots
+                    or (slots > 1 and mask.stride(3) != 1)):
+                raise ValueError(f"mask: expected a CPU bool tensor of shape ({B} or 1, 1, {T} or "
+                                 f"1, {slots}) with dense slots, got {_described(mask)}")
+            mask_strides = (0 if mask.shape[0] == 1 else mask.stride(0),
+                            0 if mask.shape[2] == 1 else mask.stride(2))
+        self.kv_heads, self.slots, self.out_dtype = kv_heads, slots, out_dtype
+        self._held = q, mask  # what the kernel reads
+        self._args = (q.data_ptr(), B, H_q, T, d)
+        self._mask = (0 if mask is None else mask.data_ptr(), *mask_strides)
+        self._scale = 1.0 / math.sqrt(d)
+        self._cache_heads, self._head_dim, self._dense = (2, B, kv_heads), d, (d, 1)
+        self._out_shape, self._out_type = (B * T, H_q * d), _OUT_TYPES[out_dtype]
+
+    def __call__(self, cache_kv: torch.Tensor) -> torch.Tensor:
+        # one comparison per property: a pass makes this call once a layer
+        try:
+            shape, strides = cache_kv.shape, cache_kv.stride()
+            good = (cache_kv.dtype == torch.float32 and shape[:3] == self._cache_heads
+                    and shape[4] == self._head_dim and strides[3:] == self._dense
+                    and shape[3] >= self.slots and not cache_kv.is_cuda)
+        except (AttributeError, IndexError, TypeError):
+            good = False
+        if not good or cache_kv.device.type != "cpu":
+            raise ValueError(f"cache_kv: expected a CPU float32 view of shape "
+                             f"{self._cache_heads + ('>= ' + str(self.slots), self._head_dim)} "
+                             f"with dense slots, got {_described(cache_kv)}")
+        out = torch.empty(self._out_shape, dtype=self.out_dtype)
+        keys = cache_kv.data_ptr()
+        # a dimension of one element may carry any stride: give the kernel the dense one
+        heads = strides[2] if self.kv_heads > 1 else shape[3] * self._head_dim
+        rows = strides[1] if shape[1] > 1 else self.kv_heads * heads
+        _C.decode_attention(*self._args, keys, keys + 4 * strides[0], self.kv_heads, rows, heads,
+                            shape[3], self.slots, *self._mask, self._scale, out.data_ptr(),
+                            self._out_type)
+        return out
+
+
+def _described(value) -> str:
+    if not isinstance(value, torch.Tensor):
+        return type(value).__name__
+    return f"{tuple(value.shape)} {value.dtype} on {value.device} with strides {value.stride()}"
