@@ -13,6 +13,7 @@
 
 #include "cpu_common.h"
 #include "parallel.h"
+#include "vector_exp.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -92,29 +93,6 @@ __attribute__((target("avx2,fma"))) float scores_avx2(const float* query, const 
   return _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
 }
 
-// exp(x) for x <= 0, eight at a time: 2^n exp(r), |r| <= ln 2 / 2, with Cephes' expf
-// polynomial (within 2 float32 ulps of exp); below -87 (where float32's exp leaves the normal
-// range) 0, beside the largest score's weight of 1.
-__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
-                                 _mm256_set1_ps(1.f));
-  const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  const __m256 two_to_n = _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23));
-  return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, two_to_n));
-}
-
 // p[n] = exp(p[n] - top) for n < count; returns their sum (eight lane sums, then lane_sums'
 // order across the lanes).
 __attribute__((target("avx2,fma"))) float weights_avx2(float* p, int64_t count, float top) {
@@ -122,14 +100,14 @@ __attribute__((target("avx2,fma"))) float weights_avx2(float* p, int64_t count, 
   __m256 total = _mm256_setzero_ps();
   int64_t n = 0;
   for (; n + 8 <= count; n += 8) {
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(p + n), shift));
+    const __m256 e = cpu::exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(p + n), shift));
     _mm256_storeu_ps(p + n, e);
     total = _mm256_add_ps(total, e);
   }
   if (n < count) {
     alignas(32) float rest[8] = {};
     for (int64_t m = n; m < count; ++m) rest[m - n] = p[m];
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_load_ps(rest), shift));
+    const __m256 e = cpu::exp_nonpositive_avx2(_mm256_sub_ps(_mm256_load_ps(rest), shift));
     const __m256 kept = _mm256_blendv_ps(  // lanes past count add +0
         _mm256_setzero_ps(), e,
         _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count - n)),

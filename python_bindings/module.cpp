@@ -19,6 +19,7 @@
 #include "tlt/random.h"
 #include "tlt/rms_norm.h"
 #include "tlt/rope.h"
+#include "tlt/silu_mul.h"
 #include "tlt/tree.h"
 #include "tlt/verify.h"
 
@@ -251,6 +252,13 @@ void decode_attention(uintptr_t q, int64_t batch, int64_t q_heads, int64_t token
                             static_cast<tlt::FloatType>(out_type));
 }
 
+// CPU only, as rope_kv_write.
+void silu_mul(uintptr_t gate_up, int32_t type, int64_t rows, int64_t width, int64_t ld,
+              uintptr_t out) {
+  tlt::silu_mul_cpu(ptr<const void>(gate_up), static_cast<tlt::FloatType>(type), rows, width, ld,
+                    ptr<void>(out));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -269,6 +277,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("panel_matmul_bf16", &panel_matmul_bf16, nogil);
   m.def("panel_matmul_vectorised", &tlt::panel_matmul_vectorised);
   m.def("decode_attention", &decode_attention, nogil);
+  m.def("silu_mul", &silu_mul, nogil);
   m.attr("panel_width") = tlt::kPanelWidth;
   // Idle detection (tlt/idle.h); std::invalid_argument surfaces as ValueError.
   py::class_<tlt::IdleStateMachine>(m, "IdleStateMachine")

@@ -62,7 +62,7 @@ SPECIAL_FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, 2.0, 1 - 2**-24, 1e-6, 1e-7, 1e-42,
 @pytest.mark.parametrize("op", ["select_tree", "tree_metadata", "unpack_tree_mask",
                                 "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
                                 "philox_uniforms", "rope_kv_write", "add_rms_norm",
-                                "panel_matmul", "decode_attention"])
+                                "panel_matmul", "decode_attention", "silu_mul"])
 def test_fuzzed_calls_return_the_reference_or_name_an_argument(op, tmp_path):
     # Run from the repository root, like pytest: `tests` and `tlt_core` import from there.
     script = f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"
@@ -677,9 +677,33 @@ def fuzz_decode_attention(data) -> bool:
     return True
 
 
+def fuzz_silu_mul(data) -> bool:
+    rows, width = data.draw(st.integers(0, 3)), data.draw(st.integers(1, 20))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    values = objects((torch.randn(rows, 2 * width, generator=g) * 4).tolist())
+    gate_up = draw_array(data, values.reshape(rows, 2 * width), dtype, SPECIAL_FLOATS,
+                         dtypes=[dtype] * 9 + ALL_DTYPES)
+    if isinstance(gate_up, np.ndarray) and data.draw(st.integers(0, 3)):
+        gate_up = torch.from_numpy(gate_up)  # mostly a torch tensor, the only kind it takes
+    before = gate_up.clone() if isinstance(gate_up, torch.Tensor) else None
+    returned, out = call(ops.silu_mul, gate_up)
+    if before is not None:  # never written
+        torch.testing.assert_close(gate_up, before, rtol=0, atol=0, equal_nan=True)
+    if not returned:
+        return False
+    want = reference.silu_mul(gate_up)
+    assert out.dtype == gate_up.dtype and out.shape == want.shape
+    assert torch.equal(out.isnan(), want.isnan()), "NaNs where the math has none, or none"
+    finite = want.isfinite() & (want.abs() < 3e38)
+    place = 2e-6 if out.dtype == torch.float32 else 8e-3  # a few ulps / one bf16 place
+    torch.testing.assert_close(out.double()[finite], want[finite], rtol=place, atol=1e-37)
+    return True
+
+
 CASES = {"select_tree": fuzz_select_tree, "tree_metadata": fuzz_tree_metadata,
          "unpack_tree_mask": fuzz_unpack_tree_mask, "verify_tree_greedy": fuzz_verify_tree_greedy,
          "verify_tree_sampling": fuzz_verify_tree_sampling, "compact_kv_": fuzz_compact_kv_,
          "philox_uniforms": fuzz_philox_uniforms, "rope_kv_write": fuzz_rope_kv_write,
          "add_rms_norm": fuzz_add_rms_norm, "panel_matmul": fuzz_panel_matmul,
-         "decode_attention": fuzz_decode_attention}
+         "decode_attention": fuzz_decode_attention, "silu_mul": fuzz_silu_mul}

@@ -44,6 +44,7 @@ from tlt_core.model.attention_plan import AttentionPlan, attention_plan
 from tlt_core.model.weight_layout import (PackedMatrix, PanelWeight, choose_layout, matmul,
                                          pack_matrix)
 from tlt_core.ops.rms_norm import launch as launch_rms_norm
+from tlt_core.ops.silu_mul import launch as launch_silu_mul
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,9 @@ RESIDUAL_IN_PRODUCT = ("fold", "panels")
 # False: attention through PyTorch's scaled_dot_product_attention on the CPU too (the kernel
 # agrees with it to float32 rounding: tlt_core.ops.attention)
 ATTENTION_KERNEL = True
+# False: the SwiGLU activation as PyTorch's split, silu and multiply on the CPU too (the kernel
+# rounds once where PyTorch's bf16 rounds twice: tlt_core.ops.silu_mul)
+SILU_MUL_KERNEL = True
 # False: bf16 RMSNorms as tensor ops on the CPU too (the kernel's sum of squares may move a
 # value by one bf16 place: tlt_core.ops.rms_norm)
 RMS_NORM_KERNEL = True
@@ -318,6 +322,8 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     # bf16 on the CPU: each RMSNorm, with the residual add before it, in one kernel call
     # (tlt_core.ops.rms_norm); elsewhere tensor ops (a GPU replays the pass as a CUDA graph)
     norm_kernel = RMS_NORM_KERNEL and h.device.type == "cpu" and h.dtype == torch.bfloat16
+    swiglu_kernel = (SILU_MUL_KERNEL and h.device.type == "cpu"
+                     and h.dtype in (torch.float32, torch.bfloat16))
     saved = {}
     for index, packed in enumerate(layers.get()):
         layout = packed.layout
@@ -358,12 +364,16 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
         else:
             h, x = _add_norm(h, matmul(out, packed.o, layout, packed.o_bias),
                              packed.post_attention_norm, layers.eps, norm_kernel)
-        gate_up = _joined_matmul(x, packed.gate_up, layout)
-        gate, up = gate_up.chunk(2, dim=-1)  # (B T, I) each
-        if layout in RESIDUAL_IN_PRODUCT:  # residual + SwiGLU MLP
-            h = matmul(F.silu(gate) * up, packed.down, layout, addend=h)
+        gate_up = _joined_matmul(x, packed.gate_up, layout)  # (B T, 2 I)
+        if swiglu_kernel and gate_up.is_contiguous():
+            act = launch_silu_mul(gate_up)  # (B T, I)
         else:
-            h = h + matmul(F.silu(gate) * up, packed.down, layout)
+            gate, up = gate_up.chunk(2, dim=-1)  # (B T, I) each
+            act = F.silu(gate) * up
+        if layout in RESIDUAL_IN_PRODUCT:  # residual + SwiGLU MLP
+            h = matmul(act, packed.down, layout, addend=h)
+        else:
+            h = h + matmul(act, packed.down, layout)
         if index in hidden_layers:
             saved[index] = h.view(B, T, -1)
     return h, saved

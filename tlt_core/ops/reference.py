@@ -882,3 +882,10 @@ def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,
                 weights = torch.softmax(scores, 0)
                 out[b, t, h] = weights @ values[sees]
     return out.reshape(B * T, H_q * d)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu_mul.h's math in float64: gate_up (R, 2 I) -> silu(gate) * up, (R, I) float64. The
+    kernel's float32 (and its one bf16 rounding) agrees with it to rounding."""
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    return gate * torch.sigmoid(gate) * up
