@@ -1,13 +1,13 @@
-"""The CPU attention kernel against PyTorch's scaled_dot_product_attention, on a checkpoint's
-attention shapes: one layer's call (the kernel's output in the o projection's layout and dtype;
-PyTorch's transposed, copied and narrowed to it, as the packed pass did), then the whole target
-pass with the kernel and without it (`tlt_core.model.packed.ATTENTION_KERNEL`), alternating,
+"""The packed pass's CPU kernels against the PyTorch ops they replace, on a checkpoint: the
+attention kernel's call against scaled_dot_product_attention on the model's attention shapes
+(the kernel's output in the o projection's layout and dtype; PyTorch's transposed, copied and
+narrowed to it, as the pass needs it), then the whole target pass with each kernel and without
+it (`tlt_core.model.packed.ATTENTION_KERNEL`, `SILU_MUL_KERNEL`), and with neither, alternating,
 best of `--reps`:
 
-    python bench/decode_attention.py --model DIR --dtype bfloat16 --json FILE
+    python bench/pass_kernels.py --model DIR --dtype bfloat16 --json FILE
 
-Rows: (batch, context, tokens) for the layer call and the pass; `speedup` is PyTorch's time
-over the kernel's."""
+Rows: (batch, context, tokens); `speedup` is PyTorch's time over the kernel's."""
 
 from __future__ import annotations
 
@@ -58,7 +58,11 @@ def layer_call(config, dtype, batch: int, context: int, tokens: int, reps: int) 
             "speedup": pytorch_ms / kernel_ms}
 
 
+FLAGS = {"attention": "ATTENTION_KERNEL", "silu_mul": "SILU_MUL_KERNEL"}
+
+
 def target_pass(target, batch: int, context: int, tokens: int, reps: int) -> dict:
+    """The pass in ms with both kernels, without each, and without either."""
     config, weight = target.config, target.lm_head.weight
     shape = CacheShape(config.num_layers, batch, config.num_kv_heads, context + tokens + 1,
                        config.head_dim)
@@ -66,17 +70,24 @@ def target_pass(target, batch: int, context: int, tokens: int, reps: int) -> dic
     cache.set_lengths(context)
     ids = torch.zeros(batch, tokens, dtype=torch.int64)
     positions = (context + torch.arange(tokens)).expand(batch, tokens)
-    ms = {True: float("inf"), False: float("inf")}
+    variants = {"both": (), "no_attention": ("attention",), "no_silu_mul": ("silu_mul",),
+                "neither": tuple(FLAGS)}
+    ms = dict.fromkeys(variants, float("inf"))
     try:
         with torch.no_grad():
-            for kernel in (True, False, True, False):
-                packed.ATTENTION_KERNEL = kernel
-                ms[kernel] = min(ms[kernel],
-                                 _best_ms(lambda: target.step(ids, positions, cache), reps))
+            for _ in range(2):
+                for name, off in variants.items():
+                    for kernel, flag in FLAGS.items():
+                        setattr(packed, flag, kernel not in off)
+                    ms[name] = min(ms[name],
+                                   _best_ms(lambda: target.step(ids, positions, cache), reps))
     finally:
-        packed.ATTENTION_KERNEL = True
-    return {"pass_kernel_ms": ms[True], "pass_pytorch_ms": ms[False],
-            "pass_speedup": ms[False] / ms[True]}
+        for flag in FLAGS.values():
+            setattr(packed, flag, True)
+    return {f"pass_{name}_ms": value for name, value in ms.items()} | {
+        "pass_speedup_attention": ms["no_attention"] / ms["both"],
+        "pass_speedup_silu_mul": ms["no_silu_mul"] / ms["both"],
+        "pass_speedup_both": ms["neither"] / ms["both"]}
 
 
 def main() -> None:
@@ -94,10 +105,12 @@ def main() -> None:
                **layer_call(target.config, dtype, batch, context, tokens, args.reps),
                **target_pass(target, batch, context, tokens, max(args.reps // 2, 3))}
         rows.append(row)
-        print(f"batch {batch:>3} context {context:>4} tokens {tokens:>3}: layer "
-              f"{row['kernel_us']:7.1f} us vs {row['pytorch_us']:7.1f} ({row['speedup']:.2f}x); "
-              f"pass {row['pass_kernel_ms']:7.2f} ms vs {row['pass_pytorch_ms']:7.2f} "
-              f"({row['pass_speedup']:.3f}x)", flush=True)
+        print(f"batch {batch:>3} context {context:>4} tokens {tokens:>3}: attention layer "
+              f"{row['kernel_us']:6.1f} us vs {row['pytorch_us']:6.1f} ({row['speedup']:.2f}x); "
+              f"pass {row['pass_both_ms']:6.2f} ms, without attention "
+              f"{row['pass_speedup_attention']:.3f}x, without silu_mul "
+              f"{row['pass_speedup_silu_mul']:.3f}x, without both "
+              f"{row['pass_speedup_both']:.3f}x", flush=True)
     if args.json:
         label = f"{Path(args.model).name} ({args.dtype})"
         args.json.write_text(json.dumps({"model": label, "threads": torch.get_num_threads(),
