@@ -144,10 +144,6 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
     if (c < lanes) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
-bool has_avx2() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
-}
 #endif
 
 // A task's queries: for query j, the slots it sees (seen[j S ..]), their scores and then
@@ -196,41 +192,44 @@ void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j
     scratch.top[j] = -std::numeric_limits<float>::infinity();
   }
 
-  // Each query's seen slots below `end`, from where the last chunk stopped: [n0, n1).
-  auto chunk_of = [&](int64_t j, int64_t end, int64_t& n0, int64_t& n1) {
-    const int64_t* seen = scratch.seen.data() + j * S;
-    n0 = n1 = scratch.cursor[j];
-    while (n1 < scratch.count[j] && seen[n1] < end) ++n1;
-    scratch.cursor[j] = n1;
+  // body(j, n0, n1) for each chunk of kSlotChunk slots, query by query: [n0, n1) are the
+  // entries of query j's seen slots that fall in the chunk.
+  auto over_chunks = [&](auto&& body) {
+    std::fill(scratch.cursor.begin(), scratch.cursor.begin() + queries, 0);
+    for (int64_t end = kSlotChunk; end < S + kSlotChunk; end += kSlotChunk) {
+      for (int64_t j = 0; j < queries; ++j) {
+        const int64_t* seen = scratch.seen.data() + j * S;
+        const int64_t n0 = scratch.cursor[j];
+        int64_t n1 = n0;
+        while (n1 < scratch.count[j] && seen[n1] < end) ++n1;
+        scratch.cursor[j] = n1;
+        body(j, n0, n1);
+      }
+    }
   };
 
-  std::fill(scratch.cursor.begin(), scratch.cursor.begin() + queries, 0);
-  for (int64_t c0 = 0; c0 < S; c0 += kSlotChunk) {
-    for (int64_t j = 0; j < queries; ++j) {
-      int64_t n0, n1;
-      chunk_of(j, c0 + kSlotChunk, n0, n1);
-      const int64_t* seen = scratch.seen.data() + j * S;
-      float* p = scratch.p.data() + j * S;
-      const float* query = query_of(j);
-      float top = scratch.top[j];
+  over_chunks([&](int64_t j, int64_t n0, int64_t n1) {
+    const int64_t* seen = scratch.seen.data() + j * S;
+    float* p = scratch.p.data() + j * S;
+    const float* query = query_of(j);
+    float top = scratch.top[j];
 #ifdef TLT_ATTENTION_X86
-      if (vector && n1 > n0) {
-        const float chunk_top = scores_avx2(query, keys, seen + n0, n1 - n0, d, pb.scale, p + n0);
-        top = chunk_top > top ? chunk_top : top;
-      }
-#endif
-      if (!vector) {
-        for (int64_t n = n0; n < n1; ++n) {
-          const float* key = keys + seen[n] * d;
-          float dot = 0.f;
-          for (int64_t i = 0; i < d; ++i) dot = std::fma(query[i], key[i], dot);
-          p[n] = pb.scale * dot;
-          top = p[n] > top ? p[n] : top;
-        }
-      }
-      scratch.top[j] = top;
+    if (vector && n1 > n0) {
+      const float chunk_top = scores_avx2(query, keys, seen + n0, n1 - n0, d, pb.scale, p + n0);
+      top = chunk_top > top ? chunk_top : top;
     }
-  }
+#endif
+    if (!vector) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* key = keys + seen[n] * d;
+        float dot = 0.f;
+        for (int64_t i = 0; i < d; ++i) dot = std::fma(query[i], key[i], dot);
+        p[n] = pb.scale * dot;
+        top = p[n] > top ? p[n] : top;
+      }
+    }
+    scratch.top[j] = top;
+  });
 
   for (int64_t j = 0; j < queries; ++j) {
     float* p = scratch.p.data() + j * S;
@@ -250,28 +249,23 @@ void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j
     std::fill(scratch.sums.data() + j * d, scratch.sums.data() + (j + 1) * d, 0.f);
   }
 
-  std::fill(scratch.cursor.begin(), scratch.cursor.begin() + queries, 0);
-  for (int64_t c0 = 0; c0 < S; c0 += kSlotChunk) {
-    for (int64_t j = 0; j < queries; ++j) {
-      int64_t n0, n1;
-      chunk_of(j, c0 + kSlotChunk, n0, n1);
-      const int64_t* seen = scratch.seen.data() + j * S;
-      const float* p = scratch.p.data() + j * S;
-      float* sums = scratch.sums.data() + j * d;
-      for (int64_t i0 = 0; i0 < d; i0 += kValueBlock) {
-        const int64_t width = d - i0 < kValueBlock ? d - i0 : kValueBlock;
+  over_chunks([&](int64_t j, int64_t n0, int64_t n1) {
+    const int64_t* seen = scratch.seen.data() + j * S;
+    const float* p = scratch.p.data() + j * S;
+    float* sums = scratch.sums.data() + j * d;
+    for (int64_t i0 = 0; i0 < d; i0 += kValueBlock) {
+      const int64_t width = d - i0 < kValueBlock ? d - i0 : kValueBlock;
 #ifdef TLT_ATTENTION_X86
-        if (vector) {
-          weighted_sum_avx2(p + n0, values + i0, d, seen + n0, n1 - n0, width, sums + i0);
-          continue;
-        }
-#endif
-        for (int64_t i = i0; i < i0 + width; ++i)
-          for (int64_t n = n0; n < n1; ++n)
-            sums[i] = std::fma(p[n], values[seen[n] * d + i], sums[i]);
+      if (vector) {
+        weighted_sum_avx2(p + n0, values + i0, d, seen + n0, n1 - n0, width, sums + i0);
+        continue;
       }
+#endif
+      for (int64_t i = i0; i < i0 + width; ++i)
+        for (int64_t n = n0; n < n1; ++n)
+          sums[i] = std::fma(p[n], values[seen[n] * d + i], sums[i]);
     }
-  }
+  });
 
   for (int64_t j = 0; j < queries; ++j) {
     const int64_t h = g * pb.group + (j0 + j) / T, t = (j0 + j) % T;
@@ -302,9 +296,7 @@ void decode_attention_cpu(const float* q, int64_t batch, int64_t q_heads, int64_
                "must be >= 1 and divide the query heads");
   cpu::require(max_len >= 1 && slots >= 1 && slots <= max_len, "slots",
                "must be in [1, max_len]");
-  cpu::require(head_stride >= max_len * head_dim, "head_stride", "must be >= max_len * head_dim");
-  cpu::require(row_stride >= kv_heads * head_stride, "row_stride",
-               "must be >= kv_heads * head_stride");
+  cpu::require(row_stride >= 0 && head_stride >= 0, "cache", "strides must be >= 0");
   cpu::require(mask_batch_stride >= 0 && mask_token_stride >= 0, "mask",
                "strides must be >= 0");
   cpu::require(std::isfinite(scale), "scale", "must be finite");
@@ -316,7 +308,7 @@ void decode_attention_cpu(const float* q, int64_t batch, int64_t q_heads, int64_
   cpu::require(out != nullptr, "out", "is null");
 
 #ifdef TLT_ATTENTION_X86
-  const bool vector = head_dim % 8 == 0 && has_avx2();
+  const bool vector = head_dim % 8 == 0 && cpu::has_avx2_fma();
 #else
   const bool vector = false;
 #endif

@@ -1,5 +1,6 @@
-// Internal helpers for the CPU kernels: host-side argument checks and widening of the
-// half-precision logit formats to float32 (bit manipulation, so no compiler extension needed).
+// Internal helpers for the CPU kernels: host-side argument checks, widening of the
+// half-precision logit formats to float32 (bit manipulation, so no compiler extension needed),
+// and whether the CPU runs the kernels' AVX2 paths.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,14 @@
 #include "tlt/common.h"
 
 namespace tlt::cpu {
+
+#if defined(__x86_64__) || defined(_M_X64)
+// Whether this CPU has AVX2 and FMA, the instructions of the kernels' vector paths.
+inline bool has_avx2_fma() {
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return supported;
+}
+#endif
 
 inline void require(bool ok, const char* argument, const std::string& what) {
   if (!ok) throw std::invalid_argument(std::string(argument) + ": " + what);

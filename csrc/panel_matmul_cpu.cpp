@@ -228,8 +228,7 @@ struct Call {
 
 bool panel_matmul_vectorised() {
 #ifdef TLT_PANEL_X86
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
+  return cpu::has_avx2_fma();
 #else
   return false;
 #endif

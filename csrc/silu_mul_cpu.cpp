@@ -56,10 +56,6 @@ __attribute__((target("avx2,fma"))) int64_t vector_part(const T* gate, const T* 
   return i;
 }
 
-bool has_avx2() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
-}
 #endif
 
 template <typename T>
@@ -69,7 +65,7 @@ void run(const void* gate_up, int64_t rows, int64_t width, int64_t ld, void* out
     T* row_out = static_cast<T*>(out) + r * width;
     int64_t done = 0;
 #if defined(__x86_64__) || defined(_M_X64)
-    if (has_avx2()) done = vector_part(gate, gate + width, width, row_out);
+    if (cpu::has_avx2_fma()) done = vector_part(gate, gate + width, width, row_out);
 #endif
     portable(gate + done, gate + width + done, width - done, row_out + done);
   }

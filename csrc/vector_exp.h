@@ -9,8 +9,8 @@
 namespace tlt::cpu {
 
 // exp(x) for x <= 0, eight at a time: 2^n exp(r), |r| <= ln 2 / 2, with Cephes' expf
-// polynomial (within 2 float32 ulps of exp); 0 below -87, where float32's exp leaves the normal
-// range (NaN stays NaN).
+// polynomial (within 2 float32 ulps of exp); 0 below -87 (about where float32's exp leaves the
+// normal range: ln FLT_MIN = -87.34), where exp is under 1.7e-38; NaN stays NaN.
 __attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive_avx2(__m256 x) {
   const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
   x = _mm256_max_ps(_mm256_set1_ps(-87.f), x);  // max_ps returns its second operand for a NaN

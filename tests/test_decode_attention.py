@@ -30,9 +30,10 @@ def _problem(B, H_q, H_kv, T, d, S, max_len=None, seed=0):
 
 
 # (B, H_q, H_kv, T, d, S): SmolLM2's heads at one and five tokens; multi-head; several slot
-# chunks; d of two V blocks; a d that is no multiple of 8 (the portable loop)
+# chunks; d of two V blocks, full and partial; a d that is no multiple of 8 (the portable loop)
 SHAPES = [(1, 9, 3, 1, 64, 200), (2, 9, 3, 5, 64, 37), (3, 4, 4, 3, 16, 20),
-          (1, 8, 2, 16, 128, 300), (2, 6, 3, 2, 12, 70), (1, 2, 1, 1, 8, 1)]
+          (1, 8, 2, 16, 128, 300), (1, 4, 2, 3, 80, 90), (2, 6, 3, 2, 12, 70),
+          (1, 2, 1, 1, 8, 1)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -81,6 +82,27 @@ def test_a_query_in_a_wide_pass_gets_the_bits_it_gets_alone(d):
         assert torch.equal(wide[0, t], alone.view(2, 9 * d)[0]), t
 
 
+@pytest.mark.parametrize("d", [64, 12])
+def test_a_tree_node_gets_the_bits_of_its_path_decoded_alone(d):
+    """A draft tree's node sees the committed slots and its ancestors, scattered among the
+    tree's slots: its output equals, bit for bit, one token decoded alone over a cache holding
+    the same slots in a row (the path as plain decoding would have written it)."""
+    L = 70
+    q, cache = _problem(1, 9, 3, 6, d, L + 6, seed=4)
+    tree = torch.zeros(1, 1, 6, L + 6, dtype=torch.bool)
+    tree[..., :L] = True
+    ancestors = {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [0, 2, 4], 5: [0, 2, 4, 5]}
+    for node, path in ancestors.items():
+        tree[0, 0, node, [L + a for a in path]] = True
+    wide = decode_attention(q, cache, L + 6, tree).view(6, 9 * d)
+    for node, path in ancestors.items():
+        alone = torch.full_like(cache[:, :, :, :L + len(path)], float("nan"))
+        alone[:, :, :, :L] = cache[:, :, :, :L]
+        alone[:, :, :, L:] = cache[:, :, :, [L + a for a in path]]
+        got = decode_attention(q[:, :, node:node + 1].contiguous(), alone, L + len(path))
+        assert torch.equal(wide[node], got[0]), node
+
+
 def test_unseen_slots_are_not_read_and_a_blind_query_gets_zeros():
     q, cache = _problem(1, 4, 2, 2, 16, 40)
     mask = torch.zeros(1, 1, 2, 40, dtype=torch.bool)
@@ -114,6 +136,15 @@ def test_a_one_row_one_head_cache_may_carry_any_stride_there():
     odd = cache.as_strided(cache.shape, (cache.stride(0), 5, 3, 8, 1))
     assert torch.equal(odd, cache)
     assert torch.equal(decode_attention(q, odd, 12), decode_attention(q, cache, 12))
+
+
+def test_a_permuted_cache_view_is_read_where_it_lies():
+    """A cache stored heads-first, (2, H_kv, B, L, d), viewed as (2, B, H_kv, L, d)."""
+    q, cache = _problem(3, 4, 2, 2, 16, 30)
+    stored = cache.transpose(1, 2).contiguous()
+    view = stored.transpose(1, 2)
+    assert not view.is_contiguous()
+    assert torch.equal(decode_attention(q, view, 30), decode_attention(q, cache, 30))
 
 
 def test_the_threaded_path_equals_one_thread_bit_for_bit():
@@ -151,6 +182,9 @@ def _bad(**changes):
     (dict(cache_kv=torch.zeros(2, 1, 2, 8, 10).transpose(3, 4)), "cache_kv"),
     (dict(cache_kv=torch.zeros(2, 2, 2, 10, 8)), "cache_kv"),
     (dict(out_dtype=torch.float16), "out_dtype"),
+    (dict(q=torch.zeros(1, 4, 2, 8).to_sparse()), "q"),
+    (dict(cache_kv=torch.zeros(2, 1, 2, 10, 8).to_sparse()), "cache_kv"),
+    (dict(mask=torch.ones(1, 1, 2, 10, dtype=torch.bool).to_sparse()), "mask"),
 ])
 def test_bad_input_is_named(changes, name):
     with pytest.raises(ValueError, match=f"^{name}"):

@@ -69,6 +69,7 @@ def test_rows_are_independent_and_a_row_stride_is_read():
     (torch.zeros(8), "gate_up"),
     (torch.zeros(8, 2).t(), "gate_up"),
     ([[0.0, 1.0]], "gate_up"),
+    (torch.zeros(2, 8).to_sparse(), "gate_up"),
 ])
 def test_bad_input_is_named(bad, name):
     with pytest.raises(ValueError, match=f"^{name}"):

@@ -34,7 +34,7 @@ def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,
                      out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """softmax(q K^T / sqrt(d)) V over the first `slots` slots of cache_kv, for q (B, H_q, T,
     d) float32 contiguous and cache_kv (2, B, H_kv, max_len, d) float32 (one layer's keys and
-    values; any view whose last two dimensions are dense); query head h reads KV head
+    values; any strided view whose slots are dense rows of d); query head h reads KV head
     h // (H_q / H_kv). mask: None (every query sees every slot read) or bool (B or 1, 1, T or
     1, slots), True where the query sees the slot (what scaled_dot_product_attention's
     attn_mask means). Returns (B T, H_q d) of out_dtype (float32 or bfloat16): row b T + t holds
@@ -57,8 +57,8 @@ class DecodeAttention:
 
     def __init__(self, q: torch.Tensor, mask: torch.Tensor | None, slots: int, kv_heads: int,
                  out_dtype: torch.dtype = torch.float32):
-        if not isinstance(q, torch.Tensor) or q.dim() != 4:
-            raise ValueError(f"q: expected a 4-D torch tensor (B, H_q, T, d), got "
+        if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.layout != torch.strided:
+            raise ValueError(f"q: expected a 4-D strided torch tensor (B, H_q, T, d), got "
                              f"{_described(q)}")
         if q.device.type != "cpu" or q.dtype != torch.float32:
             raise ValueError(f"q: decode_attention runs on float32 CPU tensors (on a GPU the "
@@ -78,7 +78,7 @@ class DecodeAttention:
         mask_strides = (0, 0)
         if mask is not None:
             if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool
-                    or mask.device.type != "cpu" or mask.dim() != 4
+                    or mask.layout != torch.strided or mask.device.type != "cpu" or mask.dim() != 4
                     or mask.shape[0] not in (1, B) or mask.shape[1] != 1
                     or mask.shape[2] not in (1, T) or mask.shape[3] != slots
                     or (slots > 1 and mask.stride(3) != 1)):
@@ -101,7 +101,7 @@ class DecodeAttention:
             good = (cache_kv.dtype == torch.float32 and shape[:3] == self._cache_heads
                     and shape[4] == self._head_dim and strides[3:] == self._dense
                     and shape[3] >= self.slots and not cache_kv.is_cuda)
-        except (AttributeError, IndexError, TypeError):
+        except (AttributeError, IndexError, TypeError, RuntimeError):  # not a strided tensor
             good = False
         if not good or cache_kv.device.type != "cpu":
             raise ValueError(f"cache_kv: expected a CPU float32 view of shape "
@@ -109,16 +109,15 @@ class DecodeAttention:
                              f"with dense slots, got {_described(cache_kv)}")
         out = torch.empty(self._out_shape, dtype=self.out_dtype)
         keys = cache_kv.data_ptr()
-        # a dimension of one element may carry any stride: give the kernel the dense one
-        heads = strides[2] if self.kv_heads > 1 else shape[3] * self._head_dim
-        rows = strides[1] if shape[1] > 1 else self.kv_heads * heads
-        _C.decode_attention(*self._args, keys, keys + 4 * strides[0], self.kv_heads, rows, heads,
-                            shape[3], self.slots, *self._mask, self._scale, out.data_ptr(),
-                            self._out_type)
+        _C.decode_attention(*self._args, keys, keys + 4 * strides[0], self.kv_heads, strides[1],
+                            strides[2], shape[3], self.slots, *self._mask, self._scale,
+                            out.data_ptr(), self._out_type)
         return out
 
 
 def _described(value) -> str:
     if not isinstance(value, torch.Tensor):
         return type(value).__name__
+    if value.layout != torch.strided:
+        return f"a {value.layout} tensor"
     return f"{tuple(value.shape)} {value.dtype} on {value.device} with strides {value.stride()}"

@@ -858,7 +858,6 @@ def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
     return torch.from_numpy(y)
 
 
-
 def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,
                      mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """attention.h's math in float64, one query at a time over the slots it sees: q (B, H_q,

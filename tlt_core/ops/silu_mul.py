@@ -19,8 +19,9 @@ _TYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}  # tlt::FloatType
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up (R, 2 I) float32 or bfloat16 on the CPU, its rows dense (a row stride is fine) ->
     silu(gate_up[:, :I]) * gate_up[:, I:], (R, I) of its dtype, a new tensor."""
-    if not isinstance(gate_up, torch.Tensor) or gate_up.dim() != 2:
-        raise ValueError(f"gate_up: expected a 2-D torch tensor (R, 2 I), got "
+    if not isinstance(gate_up, torch.Tensor) or gate_up.dim() != 2 \
+            or gate_up.layout != torch.strided:
+        raise ValueError(f"gate_up: expected a 2-D strided torch tensor (R, 2 I), got "
                          f"{_described(gate_up)}")
     if gate_up.dtype not in _TYPE_CODES or gate_up.device.type != "cpu":
         raise ValueError(f"gate_up: silu_mul runs on float32 or bfloat16 CPU tensors (on a GPU "
@@ -28,7 +29,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows, columns = gate_up.shape
     if columns < 2 or columns % 2:
         raise ValueError(f"gate_up: needs an even width 2 I >= 2, got {columns}")
-    if columns > 1 and gate_up.stride(1) != 1 or rows > 1 and gate_up.stride(0) < columns:
+    if gate_up.stride(1) != 1 or rows > 1 and gate_up.stride(0) < columns:
         raise ValueError(f"gate_up: rows must be dense (call .contiguous() first), got "
                          f"{_described(gate_up)}")
     return launch(gate_up)
@@ -47,4 +48,6 @@ def launch(gate_up: torch.Tensor) -> torch.Tensor:
 def _described(value) -> str:
     if not isinstance(value, torch.Tensor):
         return type(value).__name__
+    if value.layout != torch.strided:
+        return f"a {value.layout} tensor"
     return f"{tuple(value.shape)} {value.dtype} on {value.device} with strides {value.stride()}"

@@ -22,12 +22,13 @@
 // alone, and unseen slots may hold anything. The dot products and sums run in a fixed order of
 // their own (eight lanes where the CPU has AVX2, whose exp is a polynomial within 2 float32
 // ulps, 0 below e^-87), not PyTorch's: the values agree with scaled_dot_product_attention to
-// float32 rounding, not bit for bit. A non-finite q, K or V value, or a score past float32's
-// range, makes the outputs of the queries that read it non-finite.
+// float32 rounding, not bit for bit. A NaN or +inf score (from non-finite q or K values, or
+// past float32's range), a non-finite V value of a seen slot, or scores all -inf make the
+// query's outputs non-finite.
 //
 // Checked before anything is written (std::invalid_argument naming the argument): sizes >= 1
-// (B may be 0), H_q a multiple of H_kv, 1 <= S <= max_len, strides that keep heads and rows
-// apart, non-negative mask strides, a finite scale, out's type float32 or bfloat16.
+// (B may be 0), H_q a multiple of H_kv, 1 <= S <= max_len, non-negative strides (K and V are
+// only read, so views that overlap are fine), a finite scale, out's type float32 or bfloat16.
 #pragma once
 
 #include <cstdint>
