@@ -3,18 +3,14 @@ the tensor ops it replaces (tlt_core.ops.reference.rope_kv_write) in every dtype
 decoding engine that gives the same tokens and log-probs with it and without it, and bad input
 named before anything is written."""
 
-import copy
-
 import pytest
 import torch
 
 import tlt_core.model.packed as packed
 import tlt_core.ops as ops
-from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.tree import Strategy
-from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.ops import reference
-from tests.speculative_fixtures import PROMPTS
+from tests.pass_kernel_flags import assert_engine_decodes_alike
 
 H_Q, H_KV, SLOTS, POSITIONS = 4, 2, 40, 50
 
@@ -53,23 +49,12 @@ def test_the_kernel_computes_what_the_tensor_ops_do(model_dtype, cache_dtype, ba
 def test_an_engine_decodes_the_same_with_the_kernel_and_without(target, drafter, dtype, plan,
                                                                 monkeypatch):
     """Prefill, plain steps, draft levels and tree verification through the kernel: the same
-    tokens and log-probs as the tensor ops, at T = 0 and T = 1."""
-    model = copy.deepcopy(target).to(dtype)
-    draft = Drafter(model, drafter.config)
-    draft.load_state_dict(drafter.state_dict())
-    runs = []
+    tokens and log-probs, bit for bit, as the tensor ops, at T = 0 and T = 1."""
     # attention through PyTorch in both runs: the attention kernel needs the RoPE kernel's q
     # (tests/test_decode_attention.py compares the two attentions)
     monkeypatch.setattr(packed, "ATTENTION_KERNEL", False)
-    for kernel in (True, False):
-        monkeypatch.setattr(packed, "ROPE_KV_KERNEL", kernel)
-        engine = RolloutEngine(model, EngineConfig(max_batch=4, max_len=64), draft.eval())
-        requests = [Request(p, SamplingParams(temperature=t, max_tokens=12, seed=i))
-                    for i, p in enumerate(PROMPTS[:3]) for t in (0.0, 1.0)]
-        runs.append(engine.generate(requests, plan).rollouts)
-    for with_kernel, without in zip(*runs):
-        assert with_kernel.tokens.tolist() == without.tokens.tolist()
-        assert torch.equal(with_kernel.logprobs, without.logprobs)
+    assert_engine_decodes_alike(target, drafter, plan, "ROPE_KV_KERNEL", monkeypatch,
+                                dtype=dtype, atol=0)
 
 
 def test_bad_input_is_named_and_nothing_is_written():

@@ -1,6 +1,6 @@
-"""The argument check of the CPU-only ops that take torch tensors (add_rms_norm, panel_matmul):
-type, dtype, device, layout and shape, each failure a message that starts with the argument's
-name."""
+"""The argument checks of the CPU-only ops that take torch tensors (add_rms_norm, panel_matmul,
+silu_mul, and what rope_kv_write and decode_attention name): type, dtype, device, layout and
+shape, each failure a message that starts with the argument's name."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ def check_cpu_matrix(tensor, name: str, dtype: torch.dtype, shape: tuple[int, ..
     >= 1), contiguous, or with rows_strided only its rows dense (a row stride >= its length)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}: expected a torch tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise ValueError(f"{name}: expected a strided (dense) tensor, got {described(tensor)}")
     if rows_strided and tensor.dim() == 2:
         dense = tensor.stride(1) == 1 and (tensor.shape[0] <= 1
                                            or tensor.stride(0) >= tensor.shape[1])
@@ -30,3 +32,12 @@ def check_cpu_matrix(tensor, name: str, dtype: torch.dtype, shape: tuple[int, ..
                              f"{tuple(tensor.shape)}")
     elif tuple(tensor.shape) != shape:
         raise ValueError(f"{name}: expected shape {shape}, got {tuple(tensor.shape)}")
+
+
+def described(value) -> str:
+    """What an argument is, for an error message: its shape, dtype, device and strides."""
+    if not isinstance(value, torch.Tensor):
+        return type(value).__name__
+    if value.layout != torch.strided:
+        return f"a {value.layout} tensor"
+    return f"{tuple(value.shape)} {value.dtype} on {value.device} with strides {value.stride()}"

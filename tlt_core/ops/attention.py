@@ -25,6 +25,7 @@ import torch
 
 from tlt_core import _C
 from tlt_core.ops import _arrays as arr
+from tlt_core.ops._cpu_tensors import described
 
 _OUT_TYPES = {torch.float32: 0, torch.bfloat16: 2}  # tlt::FloatType
 
@@ -40,11 +41,11 @@ def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,
     attn_mask means). Returns (B T, H_q d) of out_dtype (float32 or bfloat16): row b T + t holds
     query t of row b, heads side by side. A query that sees no slot gets zeros."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        raise ValueError(f"q: expected a 4-D torch tensor (B, H_q, T, d), got {_described(q)}")
+        raise ValueError(f"q: expected a 4-D torch tensor (B, H_q, T, d), got {described(q)}")
     H_q = q.shape[1]
     if not isinstance(cache_kv, torch.Tensor) or cache_kv.dim() != 5:
         raise ValueError(f"cache_kv: expected a 5-D torch tensor (2, B, H_kv, max_len, d), got "
-                         f"{_described(cache_kv)}")
+                         f"{described(cache_kv)}")
     kv_heads = cache_kv.shape[2]
     if kv_heads < 1 or H_q % kv_heads:
         raise ValueError(f"cache_kv: its H_kv = {kv_heads} heads must divide q's H_q = {H_q}")
@@ -59,10 +60,10 @@ class DecodeAttention:
                  out_dtype: torch.dtype = torch.float32):
         if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.layout != torch.strided:
             raise ValueError(f"q: expected a 4-D strided torch tensor (B, H_q, T, d), got "
-                             f"{_described(q)}")
+                             f"{described(q)}")
         if q.device.type != "cpu" or q.dtype != torch.float32:
             raise ValueError(f"q: decode_attention runs on float32 CPU tensors (on a GPU the "
-                             f"passes are CUDA graphs), got {_described(q)}")
+                             f"passes are CUDA graphs), got {described(q)}")
         arr.require_contiguous(q, "q")
         B, H_q, T, d = q.shape
         if min(H_q, T, d) < 1:
@@ -83,7 +84,7 @@ class DecodeAttention:
                     or mask.shape[2] not in (1, T) or mask.shape[3] != slots
                     or (slots > 1 and mask.stride(3) != 1)):
                 raise ValueError(f"mask: expected a CPU bool tensor of shape ({B} or 1, 1, {T} or "
-                                 f"1, {slots}) with dense slots, got {_described(mask)}")
+                                 f"1, {slots}) with dense slots, got {described(mask)}")
             mask_strides = (0 if mask.shape[0] == 1 else mask.stride(0),
                             0 if mask.shape[2] == 1 else mask.stride(2))
         self.kv_heads, self.slots, self.out_dtype = kv_heads, slots, out_dtype
@@ -106,18 +107,10 @@ class DecodeAttention:
         if not good or cache_kv.device.type != "cpu":
             raise ValueError(f"cache_kv: expected a CPU float32 view of shape "
                              f"{self._cache_heads + ('>= ' + str(self.slots), self._head_dim)} "
-                             f"with dense slots, got {_described(cache_kv)}")
+                             f"with dense slots, got {described(cache_kv)}")
         out = torch.empty(self._out_shape, dtype=self.out_dtype)
         keys = cache_kv.data_ptr()
         _C.decode_attention(*self._args, keys, keys + 4 * strides[0], self.kv_heads, strides[1],
                             strides[2], shape[3], self.slots, *self._mask, self._scale,
                             out.data_ptr(), self._out_type)
         return out
-
-
-def _described(value) -> str:
-    if not isinstance(value, torch.Tensor):
-        return type(value).__name__
-    if value.layout != torch.strided:
-        return f"a {value.layout} tensor"
-    return f"{tuple(value.shape)} {value.dtype} on {value.device} with strides {value.stride()}"

@@ -19,6 +19,7 @@ import torch
 
 from tlt_core import _C
 from tlt_core.ops import _arrays as arr
+from tlt_core.ops._cpu_tensors import described
 
 _TYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}  # tlt::FloatType
 
@@ -34,7 +35,7 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor
     slots (rope.h), nothing else."""
     for name, tensor in (("qkv", qkv), ("q_out", q_out)):
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
-            raise ValueError(f"{name}: expected a 4-D torch tensor, got {_described(tensor)}")
+            raise ValueError(f"{name}: expected a 4-D torch tensor, got {described(tensor)}")
     kv_width = qkv.shape[2] - q_out.shape[1]  # 2 H_kv
     if kv_width < 2 or kv_width % 2:
         raise ValueError(f"qkv: holds {qkv.shape[2]} heads, which is not q_out's H_q = "
@@ -88,7 +89,7 @@ class RopeKVWriter:
                 or qkv.dtype != self.model_dtype or qkv.device.type != "cpu"
                 or not qkv.is_contiguous()):
             raise ValueError(f"qkv: expected a contiguous CPU {self.model_dtype} tensor of shape "
-                             f"{tuple(self.qkv_shape)}, got {_described(qkv)}")
+                             f"{tuple(self.qkv_shape)}, got {described(qkv)}")
         d = self.head_dim
         if (not isinstance(cache_kv, torch.Tensor) or cache_kv.dim() != 5
                 or cache_kv.shape[:3] != self.cache_heads or cache_kv.shape[4] != d
@@ -96,15 +97,9 @@ class RopeKVWriter:
                 or cache_kv.stride()[3:] != (d, 1)):
             raise ValueError(f"cache_kv: expected a CPU {self.cache_dtype} view of shape "
                              f"({', '.join(map(str, self.cache_heads))}, S, {d}) with dense "
-                             f"slots, got {_described(cache_kv)}")
+                             f"slots, got {described(cache_kv)}")
         planes, rows, heads = cache_kv.stride()[:3]
         keys = cache_kv.data_ptr()
         _C.rope_kv_write(qkv.data_ptr(), *self._args, keys, keys + planes * self._element,
                          _TYPE_CODES[self.cache_dtype], rows, heads, cache_kv.shape[3],
                          self._q_out)
-
-
-def _described(value) -> str:
-    if not isinstance(value, torch.Tensor):
-        return type(value).__name__
-    return f"{tuple(value.shape)} {value.dtype} on {value.device} with strides {value.stride()}"

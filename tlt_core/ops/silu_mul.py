@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tlt_core import _C
+from tlt_core.ops._cpu_tensors import check_cpu_matrix
 
 _TYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}  # tlt::FloatType
 
@@ -19,19 +20,12 @@ _TYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}  # tlt::FloatType
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up (R, 2 I) float32 or bfloat16 on the CPU, its rows dense (a row stride is fine) ->
     silu(gate_up[:, :I]) * gate_up[:, I:], (R, I) of its dtype, a new tensor."""
-    if not isinstance(gate_up, torch.Tensor) or gate_up.dim() != 2 \
-            or gate_up.layout != torch.strided:
-        raise ValueError(f"gate_up: expected a 2-D strided torch tensor (R, 2 I), got "
-                         f"{_described(gate_up)}")
-    if gate_up.dtype not in _TYPE_CODES or gate_up.device.type != "cpu":
-        raise ValueError(f"gate_up: silu_mul runs on float32 or bfloat16 CPU tensors (on a GPU "
-                         f"the passes are CUDA graphs), got {_described(gate_up)}")
-    rows, columns = gate_up.shape
-    if columns < 2 or columns % 2:
-        raise ValueError(f"gate_up: needs an even width 2 I >= 2, got {columns}")
-    if gate_up.stride(1) != 1 or rows > 1 and gate_up.stride(0) < columns:
-        raise ValueError(f"gate_up: rows must be dense (call .contiguous() first), got "
-                         f"{_described(gate_up)}")
+    dtype = gate_up.dtype if isinstance(gate_up, torch.Tensor) else torch.float32
+    if dtype not in _TYPE_CODES:
+        raise ValueError(f"gate_up: expected a float32 or bfloat16 tensor, got {dtype}")
+    check_cpu_matrix(gate_up, "gate_up", dtype, None, columns="2 I", rows_strided=True)
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up: needs an even width 2 I, got {gate_up.shape[1]}")
     return launch(gate_up)
 
 
@@ -43,11 +37,3 @@ def launch(gate_up: torch.Tensor) -> torch.Tensor:
     _C.silu_mul(gate_up.data_ptr(), _TYPE_CODES[gate_up.dtype], rows, columns // 2,
                 gate_up.stride(0) if rows > 1 else columns, out.data_ptr())
     return out
-
-
-def _described(value) -> str:
-    if not isinstance(value, torch.Tensor):
-        return type(value).__name__
-    if value.layout != torch.strided:
-        return f"a {value.layout} tensor"
-    return f"{tuple(value.shape)} {value.dtype} on {value.device} with strides {value.stride()}"
