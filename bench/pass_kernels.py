@@ -3,7 +3,8 @@ attention kernel's call against scaled_dot_product_attention on the model's atte
 (the kernel's output in the o projection's layout and dtype; PyTorch's transposed, copied and
 narrowed to it, as the pass needs it), then the whole target pass with each kernel and without
 it (`tlt_core.model.packed.ATTENTION_KERNEL`, `SILU_MUL_KERNEL`), and with neither, alternating,
-best of `--reps`:
+best of `--reps`, and the time left in PyTorch's ops (torch.profiler) with both and with
+neither:
 
     python bench/pass_kernels.py --model DIR --dtype bfloat16 --json FILE
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
 import tlt_core.model.packed as packed
 from tlt_core.model.checkpoint import load_checkpoint
@@ -81,10 +83,22 @@ def target_pass(target, batch: int, context: int, tokens: int, reps: int) -> dic
                         setattr(packed, flag, kernel not in off)
                     ms[name] = min(ms[name],
                                    _best_ms(lambda: target.step(ids, positions, cache), reps))
+        # what is left in PyTorch's ops (torch.profiler's self time, our kernels unseen) with
+        # both kernels and with neither
+        aten = {}
+        with torch.no_grad():
+            for name in ("both", "neither"):
+                for kernel, flag in FLAGS.items():
+                    setattr(packed, flag, kernel not in variants[name])
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    for _ in range(reps):
+                        target.step(ids, positions, cache)
+                aten[name] = sum(e.self_cpu_time_total for e in prof.key_averages()) / reps / 1e3
     finally:
         for flag in FLAGS.values():
             setattr(packed, flag, True)
     return {f"pass_{name}_ms": value for name, value in ms.items()} | {
+        "aten_both_ms": aten["both"], "aten_neither_ms": aten["neither"],
         "pass_speedup_attention": ms["no_attention"] / ms["both"],
         "pass_speedup_silu_mul": ms["no_silu_mul"] / ms["both"],
         "pass_speedup_both": ms["neither"] / ms["both"]}
@@ -110,7 +124,8 @@ def main() -> None:
               f"pass {row['pass_both_ms']:6.2f} ms, without attention "
               f"{row['pass_speedup_attention']:.3f}x, without silu_mul "
               f"{row['pass_speedup_silu_mul']:.3f}x, without both "
-              f"{row['pass_speedup_both']:.3f}x", flush=True)
+              f"{row['pass_speedup_both']:.3f}x; ATen {row['aten_both_ms']:.2f} ms against "
+              f"{row['aten_neither_ms']:.2f}", flush=True)
     if args.json:
         label = f"{Path(args.model).name} ({args.dtype})"
         args.json.write_text(json.dumps({"model": label, "threads": torch.get_num_threads(),

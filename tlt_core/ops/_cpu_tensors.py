@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import torch
 
+# The float types the CPU kernels take, as tlt::FloatType codes
+FLOAT_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}
+
 
 def check_cpu_matrix(tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...] | None, *,
                      columns: str, rows_strided: bool = False) -> None:

@@ -25,9 +25,7 @@ import torch
 
 from tlt_core import _C
 from tlt_core.ops import _arrays as arr
-from tlt_core.ops._cpu_tensors import described
-
-_OUT_TYPES = {torch.float32: 0, torch.bfloat16: 2}  # tlt::FloatType
+from tlt_core.ops._cpu_tensors import FLOAT_TYPE_CODES, described
 
 
 def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,
@@ -74,7 +72,7 @@ class DecodeAttention:
                              f"{kv_heads!r}")
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise ValueError(f"slots: must be an int >= 1, got {slots!r}")
-        if out_dtype not in _OUT_TYPES:
+        if out_dtype not in FLOAT_TYPE_CODES:
             raise ValueError(f"out_dtype: must be float32 or bfloat16, got {out_dtype}")
         mask_strides = (0, 0)
         if mask is not None:
@@ -93,7 +91,7 @@ class DecodeAttention:
         self._mask = (0 if mask is None else mask.data_ptr(), *mask_strides)
         self._scale = 1.0 / math.sqrt(d)
         self._cache_heads, self._head_dim, self._dense = (2, B, kv_heads), d, (d, 1)
-        self._out_shape, self._out_type = (B * T, H_q * d), _OUT_TYPES[out_dtype]
+        self._out_shape, self._out_type = (B * T, H_q * d), FLOAT_TYPE_CODES[out_dtype]
 
     def __call__(self, cache_kv: torch.Tensor) -> torch.Tensor:
         # one comparison per property: a pass makes this call once a layer

@@ -19,9 +19,7 @@ import torch
 
 from tlt_core import _C
 from tlt_core.ops import _arrays as arr
-from tlt_core.ops._cpu_tensors import described
-
-_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}  # tlt::FloatType
+from tlt_core.ops._cpu_tensors import FLOAT_TYPE_CODES, described
 
 
 def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
@@ -62,7 +60,7 @@ class RopeKVWriter:
         if not isinstance(kv_heads, int) or kv_heads < 1:
             raise ValueError(f"qkv: needs H_q + 2 H_kv heads with H_kv >= 1 (H_q = {q_heads} "
                              "from q_out)")
-        if cos.dtype not in _TYPE_CODES:
+        if cos.dtype not in FLOAT_TYPE_CODES:
             raise TypeError(f"cos: dtype must be float32 or bfloat16, got {cos.dtype}")
         arr.check_shape(cos, "cos", (None, d))
         if sin_signed.dtype != cos.dtype or sin_signed.shape != cos.shape:
@@ -72,14 +70,14 @@ class RopeKVWriter:
             if tensor.dtype != torch.int64:
                 raise TypeError(f"{name}: dtype must be int64, got {tensor.dtype}")
             arr.check_shape(tensor, name, (B, T))
-        if q_out.dtype not in _TYPE_CODES:
+        if q_out.dtype not in FLOAT_TYPE_CODES:
             raise TypeError(f"q_out: dtype must be float32 or bfloat16, got {q_out.dtype}")
         self.model_dtype, self.cache_dtype = cos.dtype, q_out.dtype
         self.qkv_shape = torch.Size((B, T, q_heads + 2 * kv_heads, d))
         self.cache_heads, self.head_dim = (2, B, kv_heads), d
         self._element = q_out.element_size()
         self._held = cos, sin_signed, positions, slots, q_out  # what the kernel reads and writes
-        self._args = (_TYPE_CODES[self.model_dtype], B, T, q_heads, kv_heads, d,
+        self._args = (FLOAT_TYPE_CODES[self.model_dtype], B, T, q_heads, kv_heads, d,
                       cos.data_ptr(), sin_signed.data_ptr(), cos.shape[0],
                       positions.data_ptr(), slots.data_ptr())
         self._q_out = q_out.data_ptr()
@@ -101,5 +99,5 @@ class RopeKVWriter:
         planes, rows, heads = cache_kv.stride()[:3]
         keys = cache_kv.data_ptr()
         _C.rope_kv_write(qkv.data_ptr(), *self._args, keys, keys + planes * self._element,
-                         _TYPE_CODES[self.cache_dtype], rows, heads, cache_kv.shape[3],
+                         FLOAT_TYPE_CODES[self.cache_dtype], rows, heads, cache_kv.shape[3],
                          self._q_out)

@@ -12,16 +12,14 @@ from __future__ import annotations
 import torch
 
 from tlt_core import _C
-from tlt_core.ops._cpu_tensors import check_cpu_matrix
-
-_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}  # tlt::FloatType
+from tlt_core.ops._cpu_tensors import FLOAT_TYPE_CODES, check_cpu_matrix
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up (R, 2 I) float32 or bfloat16 on the CPU, its rows dense (a row stride is fine) ->
     silu(gate_up[:, :I]) * gate_up[:, I:], (R, I) of its dtype, a new tensor."""
     dtype = gate_up.dtype if isinstance(gate_up, torch.Tensor) else torch.float32
-    if dtype not in _TYPE_CODES:
+    if dtype not in FLOAT_TYPE_CODES:
         raise ValueError(f"gate_up: expected a float32 or bfloat16 tensor, got {dtype}")
     check_cpu_matrix(gate_up, "gate_up", dtype, None, columns="2 I", rows_strided=True)
     if gate_up.shape[1] % 2:
@@ -34,6 +32,6 @@ def launch(gate_up: torch.Tensor) -> torch.Tensor:
     gate|up product, 30 calls a decoding step)."""
     rows, columns = gate_up.shape
     out = torch.empty(rows, columns // 2, dtype=gate_up.dtype)
-    _C.silu_mul(gate_up.data_ptr(), _TYPE_CODES[gate_up.dtype], rows, columns // 2,
+    _C.silu_mul(gate_up.data_ptr(), FLOAT_TYPE_CODES[gate_up.dtype], rows, columns // 2,
                 gate_up.stride(0) if rows > 1 else columns, out.data_ptr())
     return out
