@@ -1,0 +1,32 @@
+"""bench/pass_kernels.py on a tiny checkpoint: a row per case, each with the attention call and
+the pass timed with both CPU kernels, without each and without either, and PyTorch's remaining
+op time lower with the kernels than without."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.cli_fixtures import tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_rows_time_the_pass_with_and_without_each_kernel(tmp_path):
+    model, _ = tiny_checkpoint(tmp_path, with_drafter=False)
+    out = tmp_path / "pass_kernels.json"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "pass_kernels.py"), "--model",
+                    str(model), "--dtype", "float32", "--reps", "3", "--json", str(out)],
+                   check=True, cwd=ROOT, timeout=600)
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["batch"], r["context"], r["tokens"]) for r in rows] == [
+        (1, 200, 1), (1, 200, 5), (1, 200, 16), (1, 800, 1), (1, 800, 5), (16, 200, 1),
+        (64, 200, 1)]
+    for row in rows:
+        for key in ("kernel_us", "pytorch_us", "pass_both_ms", "pass_no_attention_ms",
+                    "pass_no_silu_mul_ms", "pass_neither_ms"):
+            assert row[key] > 0, key
+        assert row["pass_speedup_both"] == row["pass_neither_ms"] / row["pass_both_ms"]
+        # the kernels take ops out of PyTorch's hands: what is left there is less
+        assert row["aten_both_ms"] < row["aten_neither_ms"]
