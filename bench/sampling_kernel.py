@@ -11,6 +11,8 @@ At 80% of the nodes the target strongly prefers the next draft token, so walks a
 far as a trained drafter's do (`accepted` in each row).
 
 ours      ops.verify_tree_sampling(validate=False): the fused kernel, no host syncs.
+portable  (cpu) the same kernel with isa="portable": its scalar loops over V instead of the
+          AVX2 passes, so `portable_ratio` is what those passes gain.
 baseline  the PyTorch recipe, vectorised over every node of the chain: logits / T in float32,
           top-k by torch.topk (when set), softmax, top-p by sort + cumsum with renormalisation,
           the rejection test u < p(x) of each draft token, the accepted prefix, the residual at
@@ -22,7 +24,8 @@ time.perf_counter on cpu. Modes: eager (each call dispatched from Python: includ
 wrapper's and PyTorch's per-op launch costs) and, on cuda, graph (each side captured once in a
 CUDA graph and replayed: GPU time alone, as a captured rollout step runs it).
 Each row: device, mode, dtype, B, N, V, ours_ms, baseline_ms, ratio (baseline_ms / ours_ms),
-accepted and baseline_accepted (mean draft tokens accepted per row).
+portable_ms and portable_ratio (portable_ms / ours_ms; null on cuda), accepted and
+baseline_accepted (mean draft tokens accepted per row).
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class Row:
     ours_ms: float
     baseline_ms: float
     ratio: float  # baseline_ms / ours_ms
+    portable_ms: float | None  # the CPU kernel's scalar loops (None on cuda)
+    portable_ratio: float | None  # portable_ms / ours_ms
     accepted: float  # mean draft tokens our kernel accepted per row
     baseline_accepted: float
 
@@ -88,10 +93,10 @@ def make_chain_inputs(batch: int, nodes: int, vocab: int, dtype: torch.dtype,
     return ChainInputs(logits.to(dtype), tokens, parents.contiguous(), uniforms)
 
 
-def ours(x: ChainInputs, s: Settings) -> ops.VerifyOutput:
+def ours(x: ChainInputs, s: Settings, isa: str = "auto") -> ops.VerifyOutput:
     return ops.verify_tree_sampling(x.logits, x.tokens, x.parents, temperature=s.temperature,
                                     top_k=s.top_k, top_p=s.top_p, uniforms=x.uniforms,
-                                    validate=False)
+                                    validate=False, isa=isa)
 
 
 def baseline(x: ChainInputs, s: Settings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,17 +179,23 @@ def run_case(batch: int, nodes: int, args: argparse.Namespace, settings: Setting
             ours_fn, baseline_fn = graphed(ours_fn), graphed(baseline_fn)
         ours_ms = median_ms(ours_fn, cuda, args.warmup, args.repeats)
         baseline_ms = median_ms(baseline_fn, cuda, args.warmup, args.repeats)
+        portable_ms = None if cuda else median_ms(lambda: ours(x, settings, "portable"), cuda,
+                                                  args.warmup, args.repeats)
         rows.append(Row(device.type, mode, args.dtype, batch, nodes, args.vocab, ours_ms,
-                        baseline_ms, baseline_ms / ours_ms, accepted, baseline_accepted))
+                        baseline_ms, baseline_ms / ours_ms, portable_ms,
+                        None if cuda else portable_ms / ours_ms, accepted, baseline_accepted))
     return rows
 
 
 def format_table(rows: list[Row]) -> str:
     lines = [f"{'device':6} {'mode':5} {'B':>3} {'N':>2} {'V':>7} {'ours_ms':>9} "
-             f"{'baseline_ms':>11} {'ratio':>7} {'accepted':>8}"]
+             f"{'baseline_ms':>11} {'ratio':>7} {'portable_ms':>11} {'ratio':>7} "
+             f"{'accepted':>8}"]
     for r in rows:
+        portable = ("-" * 11 + " " + "-" * 7 if r.portable_ms is None
+                    else f"{r.portable_ms:11.3f} {r.portable_ratio:7.2f}")
         lines.append(f"{r.device:6} {r.mode:5} {r.B:3d} {r.N:2d} {r.V:7d} {r.ours_ms:9.3f} "
-                     f"{r.baseline_ms:11.3f} {r.ratio:7.2f} {r.accepted:8.2f}")
+                     f"{r.baseline_ms:11.3f} {r.ratio:7.2f} {portable} {r.accepted:8.2f}")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@
 #include "cpu_common.h"
 #include "parallel.h"
 #include "tlt/verify.h"
+#include "vocab_passes.h"
 
 namespace tlt {
 namespace {
@@ -46,6 +47,7 @@ struct VerifyProblem {
   const float* uniforms;     // nullptr: greedy verifier (uniforms are irrelevant at T = 0)
   int64_t n_max;
   int64_t vocab;
+  bool vector;  // the AVX2 passes over V (vocab_passes.h) where the CPU has them
 };
 
 // Per-row outputs.
@@ -101,33 +103,23 @@ int32_t compute_distribution(const VerifyProblem& pb, int64_t b, int64_t node, S
   const int64_t V = pb.vocab;
   float* logits = scratch.logits.data();
   float* w = scratch.weights.data();
-  cpu::load_floats(pb.logits, pb.logits_type, (b * pb.n_max + node) * V, V, logits);
+  cpu::widen_logits(pb.logits, pb.logits_type, (b * pb.n_max + node) * V, V, logits, pb.vector);
   const float temperature = pb.temperature ? pb.temperature[b] : 0.f;
   dist.greedy = !(temperature > 0.f);
 
   // Pass 1: (scaled) logits, their max and argmax, finiteness.
-  float max_value = kNegInf;
-  int64_t argmax = 0;
-  bool finite = true;
-  for (int64_t x = 0; x < V; ++x) {
-    const float z = dist.greedy ? logits[x] : logits[x] / temperature;
-    finite &= !(std::isnan(z) || z == std::numeric_limits<float>::infinity());
-    logits[x] = z;
-    if (z > max_value) {
-      max_value = z;
-      argmax = x;
-    }
-  }
-  if (!finite || max_value == kNegInf) return kRowBadLogits;
+  const cpu::ScaledMax scaled =
+      cpu::scale_and_max(logits, V, dist.greedy ? 0.f : temperature, pb.vector);
+  if (!scaled.finite) return kRowBadLogits;
+  const float max_value = scaled.max;
   dist.max_z = max_value;
-  dist.argmax = argmax;
+  dist.argmax = scaled.argmax;
 
   if (dist.greedy) {
-    double total = 0.0;
-    for (int64_t x = 0; x < V; ++x) total += std::exp(logits[x] - max_value);
+    const double total = cpu::exp_weights(logits, V, max_value, kNegInf, nullptr, pb.vector);
     dist.log_normalizer = std::log(static_cast<float>(total));
     std::fill(w, w + V, 0.f);
-    w[argmax] = 1.f;
+    w[scaled.argmax] = 1.f;
     dist.sum = dist.fresh_sum = 1.f;
     return kRowOk;
   }
@@ -142,13 +134,7 @@ int32_t compute_distribution(const VerifyProblem& pb, int64_t b, int64_t node, S
     z_floor = select[k - 1];
   }
   // Pass 2: e = exp(z - m) over the kept tokens.
-  double total = 0.0;
-  for (int64_t x = 0; x < V; ++x) {
-    const float e = logits[x] >= z_floor ? std::exp(logits[x] - max_value) : 0.f;
-    w[x] = e;
-    total += e;
-  }
-  float sum = static_cast<float>(total);
+  float sum = static_cast<float>(cpu::exp_weights(logits, V, max_value, z_floor, w, pb.vector));
   // Top-p: keep e >= t0, the boundary the nucleus rule implies.
   const float top_p = pb.top_p ? pb.top_p[b] : 1.f;
   if (top_p < 1.f) {
@@ -172,16 +158,6 @@ float emitted_logprob(const NodeDistribution& dist, const Scratch& scratch, int6
   const float z = scratch.logits[token];
   if (dist.greedy) return z - dist.max_z - dist.log_normalizer;
   return z - dist.max_z - std::log(dist.fresh_sum);
-}
-
-// Checks the draft distribution q of a visited node with children.
-bool draft_probs_valid(const float* q, int64_t V) {
-  double total = 0.0;
-  for (int64_t x = 0; x < V; ++x) {
-    if (!(q[x] >= 0.f) || std::isinf(q[x])) return false;
-    total += q[x];
-  }
-  return std::abs(total - 1.0) <= 1e-3;
 }
 
 // The final token at a node: inverse CDF of w / S with uniform u.
@@ -234,7 +210,8 @@ int32_t walk_row(const VerifyProblem& pb, int64_t b, const RowOutputs& out) {
     if (const int32_t status = compute_distribution(pb, b, node, scratch, dist); status != kRowOk)
       return status;
     const float* q = pb.draft_probs ? pb.draft_probs + (b * n_max + node) * V : nullptr;
-    if (q && first_child[node] >= 0 && !draft_probs_valid(q, V)) return kRowBadDraftProbs;
+    if (q && first_child[node] >= 0 && !cpu::is_distribution(q, V, pb.vector))
+      return kRowBadDraftProbs;
     int64_t accepted = -1;
     for (int32_t child = first_child[node]; child >= 0; child = next_sibling[child]) {
       const float u = uniform(child);
@@ -253,11 +230,9 @@ int32_t walk_row(const VerifyProblem& pb, int64_t b, const RowOutputs& out) {
           break;
         }
         // Residual max(0, p - q), kept unnormalised: max(0, w - q * S).
-        double residual_mass = 0.0;
-        for (int64_t y = 0; y < V; ++y) residual_mass += std::max(0.f, w[y] - q[y] * dist.sum);
+        const double residual_mass = cpu::residual_mass(w, q, dist.sum, V, pb.vector);
         if (residual_mass > 0.0) {
-          const float sum = dist.sum;
-          for (int64_t y = 0; y < V; ++y) w[y] = std::max(0.f, w[y] - q[y] * sum);
+          cpu::take_residual(w, q, dist.sum, V, pb.vector);
           dist.sum = static_cast<float>(residual_mass);
         }
       }
@@ -298,13 +273,15 @@ void verify_tree_greedy_cpu(const void* logits, FloatType logits_type, const int
                             const int32_t* parents, const int32_t* num_nodes, int64_t batch,
                             int64_t num_nodes_max, int64_t vocab, int32_t* accept_index,
                             int32_t* num_accepted, int64_t* emitted_tokens,
-                            float* emitted_logprobs, int32_t* row_status) {
+                            float* emitted_logprobs, int32_t* row_status, int isa) {
   cpu::check_common_sizes(batch, num_nodes_max);
   cpu::check_vocab(vocab);
   cpu::check_float_type(logits_type, "logits_type");
+  cpu::require(isa == 0 || isa == 1, "isa", "must be 0 (fastest) or 1 (portable)");
   // Greedy is the temperature-0 case of the sampling walk, with no randomness needed.
   const VerifyProblem pb{logits,  logits_type, nullptr, tokens,        parents, num_nodes,
-                         nullptr, nullptr,     nullptr, nullptr,       num_nodes_max, vocab};
+                         nullptr, nullptr,     nullptr, nullptr,       num_nodes_max, vocab,
+                         isa == 0};
   verify_rows(pb, batch, accept_index, num_accepted, emitted_tokens, emitted_logprobs,
               row_status);
 }
@@ -316,16 +293,17 @@ void verify_tree_sampling_cpu(const void* logits, FloatType logits_type,
                               const float* top_p, const float* uniforms, int64_t batch,
                               int64_t num_nodes_max, int64_t vocab, int32_t* accept_index,
                               int32_t* num_accepted, int64_t* emitted_tokens,
-                              float* emitted_logprobs, int32_t* row_status) {
+                              float* emitted_logprobs, int32_t* row_status, int isa) {
   cpu::check_common_sizes(batch, num_nodes_max);
   cpu::check_vocab(vocab);
   cpu::check_float_type(logits_type, "logits_type");
+  cpu::require(isa == 0 || isa == 1, "isa", "must be 0 (fastest) or 1 (portable)");
   if (batch == 0) return;  // nothing to read: empty arrays may come with null pointers
   cpu::require(temperature && top_k && top_p, "temperature/top_k/top_p", "must not be null");
   cpu::require(uniforms != nullptr, "uniforms", "must not be null");
   const VerifyProblem pb{logits,      logits_type, draft_probs, tokens,        parents, num_nodes,
                          temperature, top_k,       top_p,       uniforms,      num_nodes_max,
-                         vocab};
+                         vocab,       isa == 0};
   verify_rows(pb, batch, accept_index, num_accepted, emitted_tokens, emitted_logprobs,
               row_status);
 }

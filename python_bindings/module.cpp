@@ -120,7 +120,7 @@ void verify_tree_greedy(uintptr_t logits, int32_t logits_type, uintptr_t tokens,
                         int64_t num_nodes_max, int64_t vocab, uintptr_t accept_index,
                         uintptr_t num_accepted, uintptr_t emitted_tokens,
                         uintptr_t emitted_logprobs, uintptr_t row_status, int64_t device,
-                        uintptr_t stream) {
+                        uintptr_t stream, int isa) {
   const Target target{device, stream};
   const auto type = static_cast<tlt::FloatType>(logits_type);
   TLT_DISPATCH(target,
@@ -132,7 +132,7 @@ void verify_tree_greedy(uintptr_t logits, int32_t logits_type, uintptr_t tokens,
                                            ptr<int32_t>(num_accepted),
                                            ptr<int64_t>(emitted_tokens),
                                            ptr<float>(emitted_logprobs),
-                                           ptr<int32_t>(row_status)),
+                                           ptr<int32_t>(row_status), isa),
                tlt::verify_tree_greedy_cuda(ptr<const void>(logits), type,
                                             ptr<const int64_t>(tokens),
                                             ptr<const int32_t>(parents),
@@ -151,7 +151,7 @@ void verify_tree_sampling(uintptr_t logits, int32_t logits_type, uintptr_t draft
                           int64_t vocab, uintptr_t accept_index, uintptr_t num_accepted,
                           uintptr_t emitted_tokens, uintptr_t emitted_logprobs,
                           uintptr_t row_status, uintptr_t workspace, int64_t device,
-                          uintptr_t stream) {
+                          uintptr_t stream, int isa) {
   const Target target{device, stream};
   const auto type = static_cast<tlt::FloatType>(logits_type);
   TLT_DISPATCH(
@@ -162,7 +162,7 @@ void verify_tree_sampling(uintptr_t logits, int32_t logits_type, uintptr_t draft
           ptr<const float>(temperature), ptr<const int32_t>(top_k), ptr<const float>(top_p),
           ptr<const float>(uniforms), batch, num_nodes_max, vocab, ptr<int32_t>(accept_index),
           ptr<int32_t>(num_accepted), ptr<int64_t>(emitted_tokens), ptr<float>(emitted_logprobs),
-          ptr<int32_t>(row_status)),
+          ptr<int32_t>(row_status), isa),
       tlt::verify_tree_sampling_cuda(
           ptr<const void>(logits), type, ptr<const float>(draft_probs), ptr<const int64_t>(tokens),
           ptr<const int32_t>(parents), ptr<const int32_t>(num_nodes),

@@ -47,7 +47,7 @@ PRELUDE = textwrap.dedent("""
         _C.verify_tree_greedy(logits.ctypes.data, logits_type, tokens.ctypes.data,
                               parents.ctypes.data, 0, batch, n, vocab, accept.ctypes.data,
                               num_accepted.ctypes.data, emitted.ctypes.data,
-                              logprobs.ctypes.data, status.ctypes.data, device, 0)
+                              logprobs.ctypes.data, status.ctypes.data, device, 0, 0)
         return emitted, num_accepted, status
 
     def greedy_is_right(logits, tokens, parents):
@@ -192,7 +192,7 @@ def test_raw_module_rejects_bad_type_codes_and_devices():
                                         case[2].ctypes.data, 0, ones.ctypes.data,
                                         top_k.ctypes.data, ones.ctypes.data,
                                         uniforms.ctypes.data, batch, n, vocab,
-                                        *[o.ctypes.data for o in outputs], 0, HOST, 0)
+                                        *[o.ctypes.data for o in outputs], 0, HOST, 0, 0)
             except ValueError as error:
                 assert "logits_type" in str(error), error
             else:
@@ -216,9 +216,9 @@ EMPTY_BATCH = textwrap.dedent("""
     _C.select_tree(0, 0, 0, 0, 0, M, N, 0, 0, 0, 0, 0, DEVICE, 0)
     _C.tree_metadata(0, 0, 0, 0, N, 0, 0, 0, 0, DEVICE, 0)
     for code in (0, 1, 2):
-        _C.verify_tree_greedy(0, code, 0, 0, 0, 0, N, V, 0, 0, 0, 0, 0, DEVICE, 0)
+        _C.verify_tree_greedy(0, code, 0, 0, 0, 0, N, V, 0, 0, 0, 0, 0, DEVICE, 0, 0)
         _C.verify_tree_sampling(0, code, 0, 0, 0, 0, 0, 0, 0, 0, 0, N, V, 0, 0, 0, 0, 0, 0,
-                                DEVICE, 0)
+                                DEVICE, 0, 0)
     assert _C.verify_tree_sampling_workspace_bytes(0, V) == 0
     _C.compact_kv(0, 2, 0, 3, 8, 4, 0, 0, 0, N, 0, DEVICE, 0)
     _C.philox_uniforms(0, 0, 0, 7, 0, DEVICE, 0)

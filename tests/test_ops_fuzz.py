@@ -372,10 +372,13 @@ def fuzz_unpack_tree_mask(data) -> bool:
     return returned
 
 
+VERIFY_ISAS = ["auto", "portable"]  # the CPU verifier's AVX2 passes over V and its scalar loops
+
+
 def verify_case(data):
     """A random verification problem: logits, tokens, parents and num_nodes arguments."""
     batch, n_max = data.draw(st.integers(0, 3)), data.draw(st.integers(1, 5))
-    vocab = data.draw(st.sampled_from([1, 2, 5, 8]))
+    vocab = data.draw(st.sampled_from([1, 2, 5, 8, 13, 37]))  # the AVX2 passes' blocks and tails
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     parents, num_nodes = random_tree(data, batch, n_max, ragged=data.draw(st.booleans()))
     tokens = torch.randint(0, vocab, (batch, n_max), generator=g)
@@ -408,7 +411,8 @@ def assert_same_verdict(got, want) -> None:
 def fuzz_verify_tree_greedy(data) -> bool:
     _, args = verify_case(data)
     validate = data.draw(st.booleans())
-    returned, verdict = call(ops.verify_tree_greedy, *args, validate=validate)
+    returned, verdict = call(ops.verify_tree_greedy, *args, validate=validate,
+                             isa=data.draw(st.sampled_from(VERIFY_ISAS)))
     if returned:
         want = oracle(validate, lambda: reference.verify_tree_greedy(*reference_tree(args)))
         if want is not None:
@@ -438,7 +442,8 @@ def fuzz_verify_tree_sampling(data) -> bool:
         kwargs["draft_probs"] = draw_array(data, objects(q.tolist()).reshape(q.shape),
                                            torch.float32, SPECIAL_FLOATS + [-0.5, 1.5])
     returned, verdict = call(ops.verify_tree_sampling, *args[:3], num_nodes=args[3],
-                             validate=validate, **kwargs)
+                             validate=validate, isa=data.draw(st.sampled_from(VERIFY_ISAS)),
+                             **kwargs)
     if returned:
         if validate:  # a positive parameter must not reach the kernel as 0 (float32 rounding)
             for name in ("temperature", "top_p"):

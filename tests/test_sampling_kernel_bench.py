@@ -35,6 +35,8 @@ def test_cpu_run_writes_a_row_per_case(tmp_path):
         assert r["V"] == 512 and r["ours_ms"] > 0 and r["baseline_ms"] > 0
         assert r["ratio"] == pytest.approx(r["baseline_ms"] / r["ours_ms"])
         assert r["accepted"] == r["baseline_accepted"]
+        assert r["portable_ms"] > 0
+        assert r["portable_ratio"] == pytest.approx(r["portable_ms"] / r["ours_ms"])
 
 
 def test_bad_arguments_are_named(capsys):

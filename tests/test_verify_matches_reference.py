@@ -19,11 +19,16 @@ def assert_same(kernel, oracle, logprob_atol=2e-5):
                                atol=logprob_atol)
 
 
+ISAS = ("auto", "portable")  # the CPU verifier's AVX2 passes over V, and its scalar loops
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("shape", [(1, 1, 7), (3, 4, 11), (8, 16, 50), (5, 64, 300)])
-def test_greedy_matches_reference(seed, shape):
+def test_greedy_matches_reference(seed, shape, isa):
     case = random_tree_case(seed, *shape, ties=seed % 2 == 0)
-    kernel = ops.verify_tree_greedy(case.logits, case.tokens, case.parents, case.num_nodes)
+    kernel = ops.verify_tree_greedy(case.logits, case.tokens, case.parents, case.num_nodes,
+                                    isa=isa)
     assert_same(kernel, reference.verify_tree_greedy(case.logits, case.tokens, case.parents,
                                                       case.num_nodes))
 
@@ -34,23 +39,25 @@ SAMPLING_SETTINGS = [  # (temperature, top_k, top_p)
 ]
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("setting", SAMPLING_SETTINGS, ids=str)
 @pytest.mark.parametrize("seed", range(3))
-def test_sampling_deterministic_drafts_match_reference(seed, setting):
+def test_sampling_deterministic_drafts_match_reference(seed, setting, isa):
     temperature, top_k, top_p = setting
     case = random_tree_case(100 + seed, 6, 12, 40, ties=seed == 2)
     uniforms = torch.rand(6, 12, generator=torch.Generator().manual_seed(seed))
     kernel = ops.verify_tree_sampling(case.logits, case.tokens, case.parents,
                                       temperature=temperature, top_k=top_k, top_p=top_p,
-                                      uniforms=uniforms, num_nodes=case.num_nodes)
+                                      uniforms=uniforms, num_nodes=case.num_nodes, isa=isa)
     oracle = reference.verify_tree_sampling(case.logits, case.tokens, case.parents, temperature,
                                             top_k, top_p, uniforms, num_nodes=case.num_nodes)
     assert_same(kernel, oracle)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("setting", SAMPLING_SETTINGS[:4] + SAMPLING_SETTINGS[7:8], ids=str)
 @pytest.mark.parametrize("seed", range(3))
-def test_sampling_sampled_drafts_match_reference(seed, setting):
+def test_sampling_sampled_drafts_match_reference(seed, setting, isa):
     temperature, top_k, top_p = setting
     case = random_tree_case(200 + seed, 5, 10, 30)
     g = torch.Generator().manual_seed(seed)
@@ -59,7 +66,7 @@ def test_sampling_sampled_drafts_match_reference(seed, setting):
     kernel = ops.verify_tree_sampling(case.logits, case.tokens, case.parents,
                                       temperature=temperature, top_k=top_k, top_p=top_p,
                                       uniforms=uniforms, draft_probs=draft_probs,
-                                      num_nodes=case.num_nodes)
+                                      num_nodes=case.num_nodes, isa=isa)
     oracle = reference.verify_tree_sampling(case.logits, case.tokens, case.parents, temperature,
                                             top_k, top_p, uniforms, draft_probs=draft_probs,
                                             num_nodes=case.num_nodes)
@@ -80,17 +87,19 @@ def test_mixed_per_row_parameters_match_reference():
     assert_same(kernel, oracle)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_logits_match_reference(dtype):
+def test_half_precision_logits_match_reference(dtype, isa):
     case = random_tree_case(9, 4, 8, 100)
     logits = case.logits.to(dtype)
     uniforms = torch.rand(4, 8, generator=torch.Generator().manual_seed(2))
     kernel = ops.verify_tree_sampling(logits, case.tokens, case.parents, temperature=0.8,
-                                      top_p=0.9, uniforms=uniforms, num_nodes=case.num_nodes)
+                                      top_p=0.9, uniforms=uniforms, num_nodes=case.num_nodes,
+                                      isa=isa)
     oracle = reference.verify_tree_sampling(logits, case.tokens, case.parents, 0.8, 0, 0.9,
                                             uniforms, num_nodes=case.num_nodes)
     assert_same(kernel, oracle)
-    greedy = ops.verify_tree_greedy(logits, case.tokens, case.parents, case.num_nodes)
+    greedy = ops.verify_tree_greedy(logits, case.tokens, case.parents, case.num_nodes, isa=isa)
     assert_same(greedy, reference.verify_tree_greedy(logits, case.tokens, case.parents,
                                                      case.num_nodes))
 
@@ -215,11 +224,14 @@ def verification_problems(draw):
 @given(verification_problems())
 def test_any_small_problem_matches_reference(problem):
     logits, tokens, parents, num_nodes, setting, draft_probs, uniforms = problem
-    kernel = ops.verify_tree_sampling(logits, tokens, parents, uniforms=uniforms,
-                                      draft_probs=draft_probs, num_nodes=num_nodes, **setting)
     oracle = reference.verify_tree_sampling(logits, tokens, parents, setting["temperature"],
                                             setting["top_k"], setting["top_p"], uniforms,
                                             draft_probs=draft_probs, num_nodes=num_nodes)
-    assert_same(kernel, oracle)
-    greedy = ops.verify_tree_greedy(logits, tokens, parents, num_nodes)
-    assert_same(greedy, reference.verify_tree_greedy(logits, tokens, parents, num_nodes))
+    greedy_oracle = reference.verify_tree_greedy(logits, tokens, parents, num_nodes)
+    for isa in ISAS:
+        kernel = ops.verify_tree_sampling(logits, tokens, parents, uniforms=uniforms,
+                                          draft_probs=draft_probs, num_nodes=num_nodes,
+                                          isa=isa, **setting)
+        assert_same(kernel, oracle)
+        assert_same(ops.verify_tree_greedy(logits, tokens, parents, num_nodes, isa=isa),
+                    greedy_oracle)

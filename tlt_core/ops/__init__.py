@@ -52,6 +52,8 @@ MIN_TEMPERATURE = 1e-6
 # The most uniforms per row philox_uniforms makes in one call: far beyond what any tree uses, so
 # a larger count is a mistake, reported as one rather than as a failed allocation.
 _MAX_UNIFORMS_PER_ROW = (1 << 31) - 1
+# The CPU verifier's paths over V (verify.h's isa): the fastest this CPU runs, or the scalar loops.
+_ISAS = {"auto": 0, "portable": 1}
 
 # RowStatus codes of csrc/include/tlt/common.h -> (argument, problem), worded per op in the
 # names of that op's own arguments.
@@ -253,7 +255,7 @@ def unpack_tree_mask(mask: Any, num_nodes_max: int) -> Any:
 
 
 def verify_tree_greedy(logits: Any, tokens: Any, parents: Any, num_nodes: Any = None, *,
-                       validate: bool = True) -> VerifyOutput:
+                       validate: bool = True, isa: str = "auto") -> VerifyOutput:
     """Greedy verification: the longest root path whose tokens equal the target's argmax, plus
     the argmax after it. Only the path's nodes are read.
 
@@ -261,23 +263,27 @@ def verify_tree_greedy(logits: Any, tokens: Any, parents: Any, num_nodes: Any = 
     tokens (B, N) int, parents (B, N) int, num_nodes (B,) int or None.
     emitted_logprobs are log_softmax(logits) at temperature 1 of the emitted tokens.
     validate=False skips the host-side checks and the row-status check (no host sync).
+    isa: as verify_tree_sampling's.
     """
     logits_t, tokens_t, parents_t, num_nodes_t = _verify_inputs(logits, tokens, parents,
                                                                 num_nodes, validate)
     kind, device, (batch, n_max, vocab) = arr.array_kind(logits), logits_t.device, logits_t.shape
+    isa_code = _isa_code(isa, device)
     if validate:
         _check_tree(tokens_t, parents_t, num_nodes_t, vocab)
     outputs = _verify_outputs(batch, n_max, device)
     _C.verify_tree_greedy(arr.ptr(logits_t), arr.float_type_code(logits_t, "logits"),
                           arr.ptr(tokens_t), arr.ptr(parents_t), arr.ptr(num_nodes_t), batch,
-                          n_max, vocab, *(arr.ptr(t) for t in outputs), *arr.launch_target(device))
+                          n_max, vocab, *(arr.ptr(t) for t in outputs), *arr.launch_target(device),
+                          isa_code)
     return _finish_verify(outputs, kind, validate)
 
 
 def verify_tree_sampling(logits: Any, tokens: Any, parents: Any, *, temperature: Any,
                          top_k: Any = 0, top_p: Any = 1.0, uniforms: Any = None,
                          seed: Any = None, offset: Any = None, draft_probs: Any = None,
-                         num_nodes: Any = None, validate: bool = True) -> VerifyOutput:
+                         num_nodes: Any = None, validate: bool = True,
+                         isa: str = "auto") -> VerifyOutput:
     """Lossless tree rejection sampling, fused with temperature / top-k / top-p.
 
     The emitted tokens are distributed exactly as sampling token by token from p_target, the
@@ -296,10 +302,15 @@ def verify_tree_sampling(logits: Any, tokens: Any, parents: Any, *, temperature:
     (temperature-0 rows: log_softmax at temperature 1).
     validate=False skips the checks of array values (tree, parameters, uniforms, row status);
     parameters given as numbers are checked either way.
+    isa (CPU): "auto" runs the passes over V on AVX2 where the CPU has it (exp within 2 ulps,
+    float64 sums in eight parts), "portable" the scalar loops (std::exp, sums in index order);
+    their tokens agree but where a uniform lies within that rounding of a threshold. A GPU
+    runs its one kernel: "auto" only.
     """
     logits_t, tokens_t, parents_t, num_nodes_t = _verify_inputs(logits, tokens, parents,
                                                                 num_nodes, validate)
     kind, device, (batch, n_max, vocab) = arr.array_kind(logits), logits_t.device, logits_t.shape
+    isa_code = _isa_code(isa, device)
     temperature_t = _per_row_checked(temperature, "temperature", batch, device, validate,
                                      _bad_temperature, "must be 0 (greedy) or, as float32, "
                                      f"finite and >= MIN_TEMPERATURE = {MIN_TEMPERATURE}")
@@ -348,8 +359,17 @@ def verify_tree_sampling(logits: Any, tokens: Any, parents: Any, *, temperature:
                             arr.ptr(num_nodes_t), arr.ptr(temperature_t), arr.ptr(top_k_t),
                             arr.ptr(top_p_t), arr.ptr(uniforms_t), batch, n_max, vocab,
                             *(arr.ptr(t) for t in outputs), arr.ptr(workspace),
-                            *arr.launch_target(device))
+                            *arr.launch_target(device), isa_code)
     return _finish_verify(outputs, kind, validate)
+
+
+def _isa_code(isa: Any, device: torch.device) -> int:
+    """The CPU verifier's isa argument (verify.h): 0 for "auto", 1 for "portable"."""
+    if isa not in _ISAS:
+        raise ValueError(f"isa: expected one of {sorted(_ISAS)}, got {isa!r}")
+    if isa != "auto" and device.type != "cpu":
+        raise ValueError(f"isa: {isa!r} picks a CPU path; on {device.type} pass \"auto\"")
+    return _ISAS[isa]
 
 
 def _bad_temperature(given: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ void verify_tree_greedy_cpu(const void* logits, FloatType logits_type, const int
                             const int32_t* parents, const int32_t* num_nodes, int64_t batch,
                             int64_t num_nodes_max, int64_t vocab, int32_t* accept_index,
                             int32_t* num_accepted, int64_t* emitted_tokens,
-                            float* emitted_logprobs, int32_t* row_status);
+                            float* emitted_logprobs, int32_t* row_status, int isa = 0);
 void verify_tree_greedy_cuda(const void* logits, FloatType logits_type, const int64_t* tokens,
                              const int32_t* parents, const int32_t* num_nodes, int64_t batch,
                              int64_t num_nodes_max, int64_t vocab, int32_t* accept_index,
@@ -84,7 +84,10 @@ void verify_tree_greedy_cuda(const void* logits, FloatType logits_type, const in
 // is scheduled; philox_uniforms (random.h) generates them from seeds for CPU/CUDA agreement.
 // Integer outputs agree across implementations except where a uniform (or top_p * Z) lies within
 // float rounding of a decision threshold: the CPU kernel sums over V in double in index order,
-// the CUDA kernel exactly (verify_cuda.cu explains), and expf may differ by an ulp between them.
+// the CUDA kernel exactly (verify_cuda.cu explains), and exp may differ by an ulp or two
+// between them. CPU isa: 0 the fastest this CPU runs (the AVX2 passes over V of vocab_passes.h,
+// whose exp is within 2 ulps of expf and whose float64 sums run in eight interleaved parts),
+// 1 the portable loops (std::exp, sums in index order); they agree but for that rounding.
 // The CUDA kernel's result for a row does not depend on the other rows or on the batch size.
 // workspace: CUDA needs verify_tree_sampling_workspace_bytes() in either draft mode (where a
 // block's share of a row's V does not fit its shared memory, the visited node's weights are
@@ -97,7 +100,7 @@ void verify_tree_sampling_cpu(const void* logits, FloatType logits_type,
                               const float* top_p, const float* uniforms, int64_t batch,
                               int64_t num_nodes_max, int64_t vocab, int32_t* accept_index,
                               int32_t* num_accepted, int64_t* emitted_tokens,
-                              float* emitted_logprobs, int32_t* row_status);
+                              float* emitted_logprobs, int32_t* row_status, int isa = 0);
 void verify_tree_sampling_cuda(const void* logits, FloatType logits_type,
                                const float* draft_probs, const int64_t* tokens,
                                const int32_t* parents, const int32_t* num_nodes,
