@@ -34,8 +34,8 @@ struct ScaledMax {
 // then the max over z and the lowest index holding it.
 ScaledMax scale_and_max(float* z, int64_t n, float temperature, bool vector);
 
-// weights[x] = z[x] >= floor ? exp(z[x] - max) : 0 (max >= every z), when weights is not null;
-// returns the float64 sum of those values.
+// weights[x] = z[x] >= floor ? exp(z[x] - max) : 0 (max >= every z), when weights is not null
+// (it may be z itself: in place); returns the float64 sum of those values.
 double exp_weights(const float* z, int64_t n, float max, float floor, float* weights,
                    bool vector);
 

@@ -20,6 +20,7 @@
 #include "tlt/rms_norm.h"
 #include "tlt/rope.h"
 #include "tlt/silu_mul.h"
+#include "tlt/draft_sample.h"
 #include "tlt/tree.h"
 #include "tlt/verify.h"
 
@@ -253,6 +254,16 @@ void decode_attention(uintptr_t q, int64_t batch, int64_t q_heads, int64_t token
 }
 
 // CPU only, as rope_kv_write.
+void sample_draft(uintptr_t logits, int64_t rows, int64_t draft_vocab, uintptr_t temperature,
+                  uintptr_t uniforms, int64_t draws, uintptr_t draft_to_target, int64_t vocab,
+                  uintptr_t out, int64_t ld_out, uintptr_t ids, uintptr_t row_status) {
+  tlt::sample_draft_cpu(ptr<const float>(logits), rows, draft_vocab, ptr<const float>(temperature),
+                        ptr<const float>(uniforms), draws, ptr<const int64_t>(draft_to_target),
+                        vocab, ptr<float>(out), ld_out, ptr<int64_t>(ids),
+                        ptr<int32_t>(row_status));
+}
+
+// CPU only, as rope_kv_write.
 void silu_mul(uintptr_t gate_up, int32_t type, int64_t rows, int64_t width, int64_t ld,
               uintptr_t out) {
   tlt::silu_mul_cpu(ptr<const void>(gate_up), static_cast<tlt::FloatType>(type), rows, width, ld,
@@ -278,6 +289,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("panel_matmul_vectorised", &tlt::panel_matmul_vectorised);
   m.def("decode_attention", &decode_attention, nogil);
   m.def("silu_mul", &silu_mul, nogil);
+  m.def("sample_draft", &sample_draft, nogil);
   m.attr("panel_width") = tlt::kPanelWidth;
   // Idle detection (tlt/idle.h); std::invalid_argument surfaces as ValueError.
   py::class_<tlt::IdleStateMachine>(m, "IdleStateMachine")

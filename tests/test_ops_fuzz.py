@@ -62,7 +62,7 @@ SPECIAL_FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, 2.0, 1 - 2**-24, 1e-6, 1e-7, 1e-42,
 @pytest.mark.parametrize("op", ["select_tree", "tree_metadata", "unpack_tree_mask",
                                 "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
                                 "philox_uniforms", "rope_kv_write", "add_rms_norm",
-                                "panel_matmul", "decode_attention", "silu_mul"])
+                                "panel_matmul", "decode_attention", "silu_mul", "sample_draft"])
 def test_fuzzed_calls_return_the_reference_or_name_an_argument(op, tmp_path):
     # Run from the repository root, like pytest: `tests` and `tlt_core` import from there.
     script = f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"
@@ -706,9 +706,42 @@ def fuzz_silu_mul(data) -> bool:
     return True
 
 
+def fuzz_sample_draft(data) -> bool:
+    rows, draft_vocab = data.draw(st.integers(0, 3)), data.draw(st.sampled_from([1, 3, 8, 13]))
+    draws = data.draw(st.integers(1, 3))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+
+    def tensor_arg(values, shape, specials):
+        arg = draw_array(data, objects(values.tolist()).reshape(shape), torch.float32, specials,
+                         dtypes=[torch.float32] * 9 + ALL_DTYPES)
+        if isinstance(arg, np.ndarray) and data.draw(st.integers(0, 3)):
+            arg = torch.from_numpy(arg)  # mostly a torch tensor, the only kind it takes
+        return arg
+
+    logits = tensor_arg(torch.randn(rows, draft_vocab, generator=g) * 3, (rows, draft_vocab),
+                        SPECIAL_FLOATS)
+    uniforms = tensor_arg(torch.rand(rows, draws, generator=g), (rows, draws),
+                          SPECIAL_FLOATS + [1 - 2**-24])
+    temperature = tensor_arg(torch.tensor([0.0, 0.7, 1.0, 2.0])[:rows], (rows,),
+                             SPECIAL_FLOATS + [-1.0])
+    mapped = data.draw(st.booleans())
+    vocab = draft_vocab + data.draw(st.integers(0, 5)) if mapped else None
+    ids_map = (torch.sort(torch.randperm(vocab, generator=g)[:draft_vocab]).values
+               if mapped else None)
+    returned, out = call(ops.sample_draft, logits, uniforms, temperature, ids_map, vocab)
+    if not returned:
+        return False
+    ids, q = out
+    want_ids, want_q = reference.sample_draft(logits, uniforms, temperature, ids_map, vocab)
+    assert torch.equal(ids, want_ids), f"ids: {ids} != {want_ids}"
+    torch.testing.assert_close(q, want_q, rtol=1e-5, atol=1e-9)
+    return True
+
+
 CASES = {"select_tree": fuzz_select_tree, "tree_metadata": fuzz_tree_metadata,
          "unpack_tree_mask": fuzz_unpack_tree_mask, "verify_tree_greedy": fuzz_verify_tree_greedy,
          "verify_tree_sampling": fuzz_verify_tree_sampling, "compact_kv_": fuzz_compact_kv_,
          "philox_uniforms": fuzz_philox_uniforms, "rope_kv_write": fuzz_rope_kv_write,
          "add_rms_norm": fuzz_add_rms_norm, "panel_matmul": fuzz_panel_matmul,
-         "decode_attention": fuzz_decode_attention, "silu_mul": fuzz_silu_mul}
+         "decode_attention": fuzz_decode_attention, "silu_mul": fuzz_silu_mul,
+         "sample_draft": fuzz_sample_draft}

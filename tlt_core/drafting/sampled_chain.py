@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 import tlt_core.ops as ops
+import tlt_core.ops.draft_sample as sample_draft
 from tlt_core.drafting.plan import ChainPlan, DraftContext
 from tlt_core.drafting.tree import chain_levels
 
@@ -105,7 +106,34 @@ def draw(drafter, logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor,
     u (B, R, n) uniforms, one per token drawn; greedy (B,) rows take the argmax with a one-hot
     q; scale (B,) the rows' temperatures. Writes q = softmax(logits / scale) over the target's
     ids into out (B, R, V), the q the verifier tests those tokens against, and returns the
-    (B, R, n) target ids drawn by inverse CDF."""
+    (B, R, n) target ids drawn by inverse CDF. On the CPU one kernel call
+    (tlt_core.ops.sample_draft: the same q and draws, to float32 rounding); elsewhere tensor ops
+    (a GPU replays the level as a CUDA graph, where ops cost nothing extra)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        B, R, _ = logits.shape
+        # each node's row's temperature, 0 for a greedy row (B R,)
+        temperature = scale.masked_fill(greedy, 0.0).repeat_interleave(R)
+        # q straight into out where its (B R) rows are evenly strided (a chain's level, one
+        # row's nodes), else into a new tensor copied over
+        flat = out.view(B * R, -1) if R == 1 or B == 1 or out.stride(0) == R * out.stride(1) \
+            else None
+        # dense rows, as the kernel reads them (u is often a column of the step's uniforms)
+        ids, q, status = sample_draft.launch(logits.reshape(B * R, -1).contiguous(),
+                                             u.reshape(B * R, -1).contiguous(), temperature,
+                                             drafter.draft_to_target, out.shape[-1], flat)
+        if bool(status.any()):  # host memory: no sync; the uniforms are Philox's, so: logits
+            row = int(torch.nonzero(status)[0, 0]) // R
+            raise FloatingPointError(f"drafter logits: row {row} has NaN or +inf (or only "
+                                     "-inf); the drafter diverged")
+        if flat is None:
+            out.copy_(q.view(out.shape))
+        return ids.view(B, R, -1)
+    return draw_tensor_ops(drafter, logits, u, greedy, scale, out)
+
+
+def draw_tensor_ops(drafter, logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor,
+                    scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """draw in tensor ops, on any device (draw's arguments and result)."""
     q = torch.softmax(logits / scale[:, None, None], dim=-1)  # (B, R, V')
     top = logits.argmax(-1, keepdim=True)  # (B, R, 1)
     one_hot = greedy[:, None, None]

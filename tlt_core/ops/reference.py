@@ -888,3 +888,47 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     kernel's float32 (and its one bf16 rounding) agrees with it to rounding."""
     gate, up = gate_up.double().chunk(2, dim=-1)
     return gate * torch.sigmoid(gate) * up
+
+
+def sample_draft(logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor,
+                 draft_to_target: Optional[torch.Tensor] = None, vocab: Optional[int] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """draft_sample.h's math, row by row: logits (M, V') float32, uniforms (M, n), temperature
+    (M,) -> (ids (M, n) int64, q (M, V) float32). q is softmax(logits / T) in float32 (e / S,
+    S summed in float64), one-hot at the lowest argmax for T <= 0; each id is the smallest
+    index whose float64 running sum of q exceeds u times the float64 total. ValueError for a
+    row whose logits hold NaN or +inf or only -inf, or a uniform outside [0, 1)."""
+    rows, draft_vocab = logits.shape
+    vocab = draft_vocab if draft_to_target is None else vocab
+    q = torch.zeros(rows, vocab, dtype=torch.float32)
+    ids = torch.empty(uniforms.shape, dtype=torch.int64)
+    for m in range(rows):
+        t = float(temperature[m])
+        z = logits[m] / torch.tensor(t, dtype=torch.float32) if t > 0 else logits[m].clone()
+        if bool(torch.isnan(z).any() | (z == math.inf).any()) or bool((z == -math.inf).all()):
+            raise ValueError(f"logits: row {m} has NaN or +inf, or only -inf")
+        if bool(((uniforms[m] < 0) | ~(uniforms[m] < 1)).any()):
+            raise ValueError(f"uniforms: row {m} has a value outside [0, 1)")
+        if t > 0:
+            e = torch.exp(z - z.max())
+            row_q = e / torch.tensor(float(e.double().sum()), dtype=torch.float32)
+            running = row_q.double().cumsum(0)
+            total = float(row_q.double().sum())
+            picks = []
+            for u in uniforms[m].tolist():
+                above = torch.nonzero((running > u * total) & (row_q > 0))
+                picks.append(int(above[0]) if above.numel()
+                             else int(torch.nonzero(row_q > 0)[-1]))
+        else:
+            row_q = torch.zeros(draft_vocab)
+            top = int(_argmax_lowest(z))
+            row_q[top] = 1.0
+            picks = [top] * uniforms.shape[1]
+        target_ids = torch.tensor(picks)
+        if draft_to_target is None:
+            q[m] = row_q
+        else:
+            q[m, draft_to_target] = row_q
+            target_ids = draft_to_target[target_ids]
+        ids[m] = target_ids
+    return ids, q
