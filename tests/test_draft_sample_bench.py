@@ -1,23 +1,11 @@
 """bench/draft_sample.py runs at a small vocabulary and writes a row per case in which the kernel
 and the tensor ops drew the same ids and wrote the same q to rounding."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("draft_sample_bench",
-                                                  ROOT / "bench" / "draft_sample.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["draft_sample_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.bench_scripts import load_bench
 
 
 @pytest.mark.parametrize("greedy", [False, True])
@@ -25,7 +13,7 @@ def test_a_row_per_case_with_the_same_draws(tmp_path, greedy):
     out = tmp_path / "draft_sample.json"
     argv = ["--batch", "1,3", "--nodes", "1,2", "--draft-vocab", "50", "--vocab", "301",
             "--repeats", "2", "--json", str(out)] + (["--greedy"] if greedy else [])
-    assert load_bench().main(argv) == 0
+    assert load_bench("draft_sample").main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert {(r["B"], r["R"]) for r in rows} == {(1, 1), (1, 2), (3, 1), (3, 2)}
     for r in rows:
@@ -36,5 +24,5 @@ def test_a_row_per_case_with_the_same_draws(tmp_path, greedy):
 
 def test_bad_sizes_are_refused(capsys):
     with pytest.raises(SystemExit):
-        load_bench().main(["--draft-vocab", "10", "--vocab", "5"])
+        load_bench("draft_sample").main(["--draft-vocab", "10", "--vocab", "5"])
     assert "--draft-vocab" in capsys.readouterr().err

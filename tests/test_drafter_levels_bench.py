@@ -2,33 +2,19 @@
 teacher-forced `accept` metric, at level 2 the unrolled step's, over the same positions (two
 implementations of sum_x min(p, q) that agree)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from tlt_core.drafting.training import collect_records, make_batch, unrolled_loss
 
 from tests.test_unrolled_training import DRAFTERS, fresh_drafter, sequences
+from tests.bench_scripts import load_bench
 from tests.speculative_fixtures import tiny_target_with_a_final_norm
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("drafter_levels",
-                                                  ROOT / "bench" / "drafter_levels.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["drafter_levels"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("kind", ("eagle", "tlt fused"))
 def test_level_acceptance_is_the_loss_s_sampled_acceptance(kind):
-    bench = load_bench()
+    bench = load_bench("drafter_levels")
     target = tiny_target_with_a_final_norm()
     drafter = fresh_drafter(target, **DRAFTERS[kind])
     records = collect_records(target, sequences((13,)), drafter.config.feature_layers)

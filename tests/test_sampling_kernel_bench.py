@@ -2,27 +2,15 @@
 positive times; its PyTorch baseline accepts the same drafts as the fused kernel (same uniforms),
 so the speed it is compared with is the speed of the same computation."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("sampling_kernel",
-                                                  ROOT / "bench" / "sampling_kernel.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sampling_kernel"] = module  # its dataclasses look their module up when built
-    spec.loader.exec_module(module)
-    return module
+from tests.bench_scripts import load_bench
 
 
 def test_cpu_run_writes_a_row_per_case(tmp_path):
-    bench = load_bench()
+    bench = load_bench("sampling_kernel")
     out = tmp_path / "sampling_kernel_cpu.json"
     assert bench.main(["--device", "cpu", "--vocab", "512", "--batch", "1,4", "--nodes", "1,4",
                        "--warmup", "1", "--repeats", "2", "--json", str(out)]) == 0
@@ -40,7 +28,7 @@ def test_cpu_run_writes_a_row_per_case(tmp_path):
 
 
 def test_bad_arguments_are_named(capsys):
-    bench = load_bench()
+    bench = load_bench("sampling_kernel")
     for argv, named in ((["--batch", "0,4"], "--batch"), (["--modes", "graph"], "--modes"),
                         (["--top-p", "1.5"], "--top-p")):
         with pytest.raises(SystemExit):
