@@ -29,20 +29,6 @@ struct Problem {
   int64_t* ids;
 };
 
-// The smallest x whose running sum of q(0..x) exceeds target, else the largest x with q > 0.
-int64_t inverse_cdf(const float* q, int64_t n, double target) {
-  double running = 0.0;
-  int64_t last_positive = 0;
-  for (int64_t x = 0; x < n; ++x) {
-    if (q[x] > 0.f) {
-      running += q[x];
-      last_positive = x;
-      if (running > target) return x;
-    }
-  }
-  return last_positive;
-}
-
 int32_t sample_row(const Problem& pb, int64_t m) {
   const int64_t n = pb.draft_vocab;
   thread_local std::vector<float> scratch;
@@ -75,7 +61,8 @@ int32_t sample_row(const Problem& pb, int64_t m) {
   if (!greedy)
     for (int64_t x = 0; x < n; ++x) total += q[x];
   for (int64_t j = 0; j < pb.draws; ++j) {
-    const int64_t x = greedy ? scaled.argmax : inverse_cdf(q, n, u[j] * total);
+    // q(argmax) = 1 / S > 0, so the inverse CDF always finds a token
+    const int64_t x = greedy ? scaled.argmax : cpu::inverse_cdf(q, n, u[j] * total);
     pb.ids[m * pb.draws + j] = pb.draft_to_target == nullptr ? x : pb.draft_to_target[x];
   }
   return kRowOk;

@@ -160,19 +160,11 @@ float emitted_logprob(const NodeDistribution& dist, const Scratch& scratch, int6
   return z - dist.max_z - std::log(dist.fresh_sum);
 }
 
-// The final token at a node: inverse CDF of w / S with uniform u.
+// The final token at a node: inverse CDF of w / S with uniform u (the target u * S rounded to
+// float32, as verify.h states), the argmax where w is all zero.
 int64_t sample_final(const float* w, int64_t V, float sum, float u, int64_t fallback_argmax) {
-  const float target = u * sum;
-  double running = 0.0;
-  int64_t last_positive = -1;
-  for (int64_t x = 0; x < V; ++x) {
-    if (w[x] > 0.f) {
-      running += w[x];
-      last_positive = x;
-      if (running > target) return x;
-    }
-  }
-  return last_positive >= 0 ? last_positive : fallback_argmax;
+  const int64_t x = cpu::inverse_cdf(w, V, u * sum);
+  return x >= 0 ? x : fallback_argmax;
 }
 
 void pad_row(int64_t n_max, const RowOutputs& out) {

@@ -50,4 +50,9 @@ double residual_mass(const float* w, const float* q, float scale, int64_t n, boo
 // w[y] = max(0, w[y] - q[y] * scale) for every y (the terms residual_mass sums).
 void take_residual(float* w, const float* q, float scale, int64_t n, bool vector);
 
+// Inverse CDF over unnormalised weights w[0:n] >= 0: the smallest x with w[x] > 0 whose running
+// float64 sum of w[0..x] exceeds target; where rounding leaves none, the largest x with
+// w[x] > 0; -1 when every w is 0. One scalar pass in index order (it stops at the token).
+int64_t inverse_cdf(const float* w, int64_t n, double target);
+
 }  // namespace tlt::cpu

@@ -242,4 +242,17 @@ void take_residual(float* w, const float* q, float scale, int64_t n, bool vector
   for (int64_t y = 0; y < n; ++y) w[y] = std::max(0.f, w[y] - q[y] * scale);
 }
 
+int64_t inverse_cdf(const float* w, int64_t n, double target) {
+  double running = 0.0;
+  int64_t last_positive = -1;
+  for (int64_t x = 0; x < n; ++x) {
+    if (w[x] > 0.f) {
+      running += w[x];
+      last_positive = x;
+      if (running > target) return x;
+    }
+  }
+  return last_positive;
+}
+
 }  // namespace tlt::cpu

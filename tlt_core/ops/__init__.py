@@ -28,6 +28,7 @@ import torch
 
 from tlt_core import _C
 from tlt_core.ops import _arrays as arr
+from tlt_core.ops._cpu_tensors import isa_code
 from tlt_core.ops.records import DraftTree, TreeMetadata, VerifyOutput
 from tlt_core.ops.attention import DecodeAttention, decode_attention
 from tlt_core.ops.panel_matmul import pack_panels, panel_matmul
@@ -53,8 +54,6 @@ MIN_TEMPERATURE = 1e-6
 # The most uniforms per row philox_uniforms makes in one call: far beyond what any tree uses, so
 # a larger count is a mistake, reported as one rather than as a failed allocation.
 _MAX_UNIFORMS_PER_ROW = (1 << 31) - 1
-# The CPU verifier's paths over V (verify.h's isa): the fastest this CPU runs, or the scalar loops.
-_ISAS = {"auto": 0, "portable": 1}
 
 # RowStatus codes of csrc/include/tlt/common.h -> (argument, problem), worded per op in the
 # names of that op's own arguments.
@@ -365,12 +364,11 @@ def verify_tree_sampling(logits: Any, tokens: Any, parents: Any, *, temperature:
 
 
 def _isa_code(isa: Any, device: torch.device) -> int:
-    """The CPU verifier's isa argument (verify.h): 0 for "auto", 1 for "portable"."""
-    if isa not in _ISAS:
-        raise ValueError(f"isa: expected one of {sorted(_ISAS)}, got {isa!r}")
-    if isa != "auto" and device.type != "cpu":
+    """The CPU verifier's isa argument (verify.h); a GPU runs its one kernel."""
+    code = isa_code(isa)
+    if code and device.type != "cpu":
         raise ValueError(f"isa: {isa!r} picks a CPU path; on {device.type} pass \"auto\"")
-    return _ISAS[isa]
+    return code
 
 
 def _bad_temperature(given: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:

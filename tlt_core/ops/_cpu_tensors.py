@@ -10,6 +10,14 @@ import torch
 FLOAT_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}
 
 
+def isa_code(isa) -> int:
+    """A CPU kernel's `isa` argument as its headers take it: 0 for "auto" (the fastest this CPU
+    runs), 1 for "portable" (the scalar loops)."""
+    if isa not in ("auto", "portable"):
+        raise ValueError(f"isa: expected one of ['auto', 'portable'], got {isa!r}")
+    return 0 if isa == "auto" else 1
+
+
 def check_cpu_matrix(tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...] | None, *,
                      columns: str, rows_strided: bool = False) -> None:
     """`tensor` must be a CPU `dtype` tensor of `shape` (None: any (rows, columns) with columns

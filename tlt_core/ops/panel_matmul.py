@@ -14,10 +14,9 @@ from __future__ import annotations
 import torch
 
 from tlt_core import _C
-from tlt_core.ops._cpu_tensors import check_cpu_matrix
+from tlt_core.ops._cpu_tensors import check_cpu_matrix, isa_code
 
 PANEL_WIDTH: int = _C.panel_width
-ISAS = {"auto": 0, "portable": 1}
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -65,9 +64,7 @@ def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
                              "for an add in place")
     if _overlaps(out, x) or _overlaps(out, panels) or (bias is not None and _overlaps(out, bias)):
         raise ValueError("out: overlaps an input (x, panels or bias)")
-    if isa not in ISAS:
-        raise ValueError(f"isa: expected one of {sorted(ISAS)}, got {isa!r}")
-    return launch(x, panels, out_features, bias, addend, out, ISAS[isa])
+    return launch(x, panels, out_features, bias, addend, out, isa_code(isa))
 
 
 def launch(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
