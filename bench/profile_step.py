@@ -5,7 +5,8 @@ one model: the evidence behind tlt_core.model.weight_layout and kv_cache.cache_d
 
 1. layouts: greedy decoding tokens/s of the engine with each weight layout that applies to the
    dtype (views: the parameters through F.linear; onednn: prepacked once; fold: float32 only;
-   panels: float32 and bfloat16, where the CPU has AVX2 + FMA),
+   panels: float32 and bfloat16, where the CPU has AVX2 + FMA; bfloat16 in pairs where it has
+   AVX512-BF16),
    the layouts alternating rep by rep, best of --reps;
 2. the bf16 RMSNorm kernel (tlt_core.ops.add_rms_norm, with the residual add before it) against
    PyTorch's ops (packed.RMS_NORM_KERNEL off), greedy decoding tok/s alternating rep by rep,

@@ -18,6 +18,13 @@ inline bool has_avx2_fma() {
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return supported;
 }
+
+// Whether this CPU has AVX512-BF16 (VDPBF16PS), the instruction of the bfloat16 pairs product.
+inline bool has_avx512_bf16() {
+  static const bool supported =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return supported;
+}
 #endif
 
 inline void require(bool ok, const char* argument, const std::string& what) {

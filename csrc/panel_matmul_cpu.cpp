@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "panel_common.h"
 #include "parallel.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -23,6 +24,10 @@
 
 namespace tlt {
 namespace {
+
+using panel::finish_row;
+using panel::narrow;
+using panel::widen;
 
 constexpr int kRowGroup = 3;  // with 2-4 panels: 8-12 accumulators, enough FMAs in flight
 // Products of more rows run in groups of this many down one panel (12 accumulators): each
@@ -39,29 +44,9 @@ constexpr int64_t kPrefetchTallBf16Lines = 64;
 // One claimed unit of work: 6 panels (221-590 KB at K 576-1536, so a task's later row groups
 // find them in L2), a whole number of blocks of 2 or 3 panels.
 constexpr int64_t kPanelsPerTask = 6;
-// Below this many weight bytes a call runs on the calling thread: waking a worker costs more
-// than the product (SmolLM2's smallest matrix is 1.3 MB; the embedded model's are 6-200 KB).
-constexpr int64_t kParallelBytes = 512 << 10;
 // The most floats of widened bfloat16 x kept between calls per thread (256 KB: 128 rows of 512,
 // or 42 of SmolLM2's 1536); a larger x is widened into a buffer of its own.
 constexpr size_t kReusedWideFloats = 64 << 10;
-
-// The element types as storage: bfloat16 is the upper half of a float32.
-inline float widen(float value) { return value; }
-inline float widen(uint16_t value) { return cpu::bfloat16_to_float(value); }
-inline void narrow(float value, float* out) { *out = value; }
-inline void narrow(float value, uint16_t* out) { *out = cpu::float_to_bfloat16(value); }
-
-// y[r, n] (+ bias) (+ addend) for one panel's `width` features, from the 16 sums of row r.
-template <typename T>
-inline void finish_row(const float* sums, int width, const T* bias, const T* addend, T* y) {
-  for (int j = 0; j < width; ++j) {
-    float value = sums[j];
-    if (bias != nullptr) value += widen(bias[j]);
-    if (addend != nullptr) value += widen(addend[j]);
-    narrow(value, y + j);
-  }
-}
 
 #ifdef TLT_PANEL_X86
 // Eight weights of a panel line as float32.
@@ -236,32 +221,13 @@ bool panel_matmul_vectorised() {
 
 namespace {
 
-// The header's argument checks; false when there is nothing to do (no rows).
-bool check_arguments(const void* x, int64_t rows, int64_t in_features, int64_t ldx,
-                     const void* panels, int64_t out_features, const void* addend,
-                     int64_t ld_addend, const void* y, int64_t ldy, int isa) {
-  cpu::require(rows >= 0, "x", "rows must be >= 0");
-  cpu::require(in_features >= 1, "x", "in_features K must be >= 1");
-  cpu::require(out_features >= 1, "panels", "out_features N must be >= 1");
-  cpu::require(ldx >= in_features, "x", "row stride must be >= K");
-  cpu::require(ldy >= out_features, "out", "row stride must be >= N");
-  cpu::require(addend == nullptr || ld_addend >= out_features, "addend",
-               "row stride must be >= N");
-  cpu::require(isa == 0 || isa == 1, "isa", "must be 0 (fastest) or 1 (portable)");
-  cpu::require(panels != nullptr, "panels", "is null");
-  if (rows == 0) return false;
-  cpu::require(x != nullptr, "x", "is null");
-  cpu::require(y != nullptr, "out", "is null");
-  return true;
-}
-
 template <typename T>
 void run(const Call<T>& call, int isa) {
   const bool use_vector = isa == 0 && panel_matmul_vectorised();
   const int64_t num_panels = (call.N + kPanelWidth - 1) / kPanelWidth;
   const int64_t weight_bytes =
       num_panels * kPanelWidth * call.K * static_cast<int64_t>(sizeof(T));
-  if (weight_bytes < kParallelBytes) {
+  if (weight_bytes < panel::kParallelBytes) {
     call.panels_range(0, num_panels, use_vector);
     return;
   }
@@ -280,8 +246,8 @@ template <typename T>
 void product(const T* x, int64_t rows, int64_t in_features, int64_t ldx, const T* panels,
              int64_t out_features, const T* bias, const T* addend, int64_t ld_addend, T* y,
              int64_t ldy, int isa) {
-  if (!check_arguments(x, rows, in_features, ldx, panels, out_features, addend, ld_addend, y, ldy,
-                       isa))
+  if (!panel::check_arguments(x, rows, in_features, ldx, panels, out_features, addend, ld_addend,
+                              y, ldy, isa))
     return;
   std::vector<float> own;  // a large x's widened copy, freed on return
   const float* wide = nullptr;

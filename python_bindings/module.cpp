@@ -240,6 +240,16 @@ void panel_matmul_bf16(uintptr_t x, int64_t rows, int64_t in_features, int64_t l
                              ptr<const uint16_t>(addend), ld_addend, ptr<uint16_t>(out), ldy, isa);
 }
 
+void panel_matmul_bf16_pairs(uintptr_t x, int64_t rows, int64_t in_features, int64_t ldx,
+                             uintptr_t pairs, int64_t out_features, uintptr_t bias,
+                             uintptr_t addend, int64_t ld_addend, uintptr_t out, int64_t ldy,
+                             int isa) {
+  tlt::panel_matmul_bf16_pairs_cpu(ptr<const uint16_t>(x), rows, in_features, ldx,
+                                   ptr<const uint16_t>(pairs), out_features,
+                                   ptr<const uint16_t>(bias), ptr<const uint16_t>(addend),
+                                   ld_addend, ptr<uint16_t>(out), ldy, isa);
+}
+
 // CPU only, as rope_kv_write. mask may be 0 (every query sees every slot read).
 void decode_attention(uintptr_t q, int64_t batch, int64_t q_heads, int64_t tokens,
                       int64_t head_dim, uintptr_t cache_k, uintptr_t cache_v, int64_t kv_heads,
@@ -286,7 +296,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("add_rms_norm_bf16", &add_rms_norm_bf16, nogil);
   m.def("panel_matmul_f32", &panel_matmul_f32, nogil);
   m.def("panel_matmul_bf16", &panel_matmul_bf16, nogil);
+  m.def("panel_matmul_bf16_pairs", &panel_matmul_bf16_pairs, nogil);
   m.def("panel_matmul_vectorised", &tlt::panel_matmul_vectorised);
+  m.def("panel_matmul_pairs_vectorised", &tlt::panel_matmul_pairs_vectorised);
   m.def("decode_attention", &decode_attention, nogil);
   m.def("silu_mul", &silu_mul, nogil);
   m.def("sample_draft", &sample_draft, nogil);

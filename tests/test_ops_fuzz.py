@@ -598,18 +598,21 @@ def fuzz_add_rms_norm(data) -> bool:
 
 
 def fuzz_panel_matmul(data) -> bool:
-    # up to 8 rows: one group of 1-3 rows across panels, or groups of 4-6 down one panel and a rest
-    rows, out_features = data.draw(st.integers(0, 8)), data.draw(st.integers(1, 20))
+    # up to 10 rows: one group of 1-3 rows across panels, or groups of 4-6 down one panel and a
+    # rest; in bfloat16 pairs, a group of up to 8 and a rest
+    rows, out_features = data.draw(st.integers(0, 10)), data.draw(st.integers(1, 20))
     in_features = data.draw(st.integers(1, 12))
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    pairs = dtype == torch.bfloat16 and data.draw(st.booleans())
     float_dtypes = [dtype] * 9 + ALL_DTYPES
 
     def tensor(values):
         return draw_array(data, objects(values.tolist()).reshape(values.shape), dtype,
                           SPECIAL_FLOATS, dtypes=float_dtypes)
 
-    panels = ops.pack_panels(torch.randn(out_features, in_features, generator=g).to(dtype))
+    panels = ops.pack_panels(torch.randn(out_features, in_features, generator=g).to(dtype),
+                             pairs=pairs)
     x = tensor(torch.randn(rows, in_features, generator=g))
     if data.draw(st.integers(0, 3)) == 0:  # mostly the pack as made: x and N vary more
         panels = tensor(panels)

@@ -22,7 +22,11 @@ inference_layout`):
   prefill (oneDNN's, or fold's for a model small enough that fold beats oneDNN), twice one copy
   in all. In bfloat16 the weights stay the model's (folding would round them) and the panels
   serve every product: the alternative on such a CPU, PyTorch's bfloat16 fallback, is 2.4x slower
-  at one row and 10x at 64 (SmolLM2-135M's layers, 2 AVX2 cores).
+  at one row and 10x at 64 (SmolLM2-135M's layers, 2 AVX2 cores). On a CPU with AVX512-BF16
+  bfloat16 weights pack in pairs (`pack_panels(W, pairs=True)`), multiplied by its dot-product
+  instruction, beside oneDNN's pack for prefill: on SmolLM2-135M's layers (2 Zen 5 cores) they
+  beat oneDNN's prepacked products at every row count a decode step or a tree has
+  (`python bench/panel_layers.py`).
 - "views" (CUDA, or any copy over the memory budget): the parameters themselves, no copy.
   q|k|v and gate|up run as one matmul when the parameters are adjacent views of one tensor
   (`fuse_projections_`, which `load_checkpoint` applies), else as separate matmuls.
@@ -40,7 +44,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tlt_core.ops.panel_matmul import launch as launch_panels, pack_panels, vectorised
+from tlt_core.ops.panel_matmul import (launch as launch_panels, pack_panels, pairs_vectorised,
+                                       vectorised)
 
 LAYOUTS = ("auto", "fold", "onednn", "panels", "views")
 COPY_BUDGET_SHARE = 0.25  # of physical memory: the most a packed copy may take
@@ -79,7 +84,7 @@ class PanelWeight:
     products wider than PANEL_MAX_ROWS rows, its pack in `wide_layout` (None: the panels serve
     every product)."""
 
-    panels: torch.Tensor  # (ceil(out / 16), in, 16)
+    panels: torch.Tensor  # (ceil(out / 16), in, 16), or in pairs (ceil(out / 16), in / 2, 16, 2)
     wide: torch.Tensor | None  # pack_matrix(W, wide_layout)
     wide_layout: str | None  # panels_wide_layout's: "onednn", "fold" or None
     out_features: int
@@ -147,6 +152,9 @@ def choose_layout(requested: str, dtype: torch.dtype, device: torch.device,
         return "panels"
     if dtype == torch.bfloat16 and vectorised() and not onednn_supports(dtype):
         return "panels"
+    if (dtype == torch.bfloat16 and pairs_vectorised()
+            and (memory is None or 2 * copy_bytes <= COPY_BUDGET_SHARE * memory)):
+        return "panels"
     if dtype == torch.float32 and (copy_bytes < ONEDNN_MIN_BYTES or not onednn_supports(dtype)):
         return "fold"
     if onednn_supports(dtype):
@@ -163,8 +171,10 @@ def pack_matrix(weight: torch.Tensor, layout: str, model_bytes: int | None = Non
         weight = weight.contiguous()
         wide = panels_wide_layout(weight.nbytes if model_bytes is None else model_bytes,
                                   weight.dtype)
-        return PanelWeight(pack_panels(weight), None if wide is None else pack_matrix(weight, wide),
-                           wide, weight.shape[0])
+        pairs = weight.dtype == torch.bfloat16 and pairs_vectorised()
+        return PanelWeight(pack_panels(weight, pairs=pairs),
+                           None if wide is None else pack_matrix(weight, wide), wide,
+                           weight.shape[0])
     if layout == "fold":
         return weight.t().contiguous()  # (in, out)
     if layout == "onednn":

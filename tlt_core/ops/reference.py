@@ -828,26 +828,32 @@ def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
     y[r, n] is a chain of fmaf over k in order from 0, then + bias[n], then + addend[r, n], each
     one float32 add, on the operands widened to float32; in bfloat16 that float32 value rounded
     once to bfloat16 (nearest even; any NaN as 0x7FC0, where torch's conversion may keep a
-    NaN's sign and payload)."""
-    if x.dtype == torch.bfloat16:
-        def widen(tensor):
-            return None if tensor is None else tensor.float()
-        wide = panel_matmul(x.float(), panels.float(), out_features, widen(bias), widen(addend))
-        y = wide.to(torch.bfloat16)
-        y.view(torch.int16)[wide.isnan()] = 0x7FC0
-        return y
+    NaN's sign and payload). Pairs panels (ceil(N / 16), ceil(K / 2), 16, 2), bfloat16 only:
+    the chain runs k = 1, 0, 3, 2, ... (x and W zero past K), each operand and each sum with a
+    subnormal value taken as a zero of its sign."""
     rows, K = x.shape
-    width = panels.shape[-1]
-    xs, ws = x.tolist(), panels.tolist()
-    bs = None if bias is None else bias.tolist()
-    adds = None if addend is None else addend.tolist()
+    width = panels.shape[2] if panels.dim() == 4 else panels.shape[-1]
+    # W (N, K) as float32 columns of the chain's operands, and the order the chain takes k in
+    if panels.dim() == 4:
+        pair_count = panels.shape[1]
+        flush = _flush_subnormal
+        ws = [[flush(v) for v in column] for column in
+              panels.float().permute(0, 2, 1, 3).reshape(-1, 2 * pair_count).tolist()]
+        xs = [[flush(v) for v in row] + [0.0] * (2 * pair_count - K) for row in x.float().tolist()]
+        order = [k for i in range(pair_count) for k in (2 * i + 1, 2 * i)]
+    else:
+        flush = float
+        ws = panels.float().transpose(1, 2).reshape(-1, K).tolist()
+        xs = x.float().tolist()
+        order = list(range(K))
+    bs = None if bias is None else bias.float().tolist()
+    adds = None if addend is None else addend.float().tolist()
     y = np.zeros((rows, out_features), dtype=np.float32)
     for r in range(rows):
         for n in range(out_features):
-            p, j = divmod(n, width)
             acc = 0.0
-            for k in range(K):
-                acc = _fma_float32(xs[r][k], ws[p][k][j], acc)
+            for k in order:
+                acc = flush(_fma_float32(xs[r][k], ws[n][k], acc))
             value = np.float32(acc)
             with np.errstate(all="ignore"):  # inf and NaN are values here, as in C
                 if bs is not None:
@@ -855,7 +861,20 @@ def panel_matmul(x: torch.Tensor, panels: torch.Tensor, out_features: int,
                 if adds is not None:
                     value = np.float32(value + np.float32(adds[r][n]))
             y[r, n] = value
-    return torch.from_numpy(y)
+    wide = torch.from_numpy(y)
+    if x.dtype != torch.bfloat16:
+        return wide
+    narrow = wide.to(torch.bfloat16)
+    narrow.view(torch.int16)[wide.isnan()] = 0x7FC0
+    return narrow
+
+
+_FLOAT32_TINY = 2.0 ** -126  # the smallest normal float32
+
+
+def _flush_subnormal(value: float) -> float:
+    """A subnormal float32 as a zero of its sign (VDPBF16PS's DAZ and FTZ)."""
+    return math.copysign(0.0, value) if 0 < abs(value) < _FLOAT32_TINY else value
 
 
 def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,

@@ -54,4 +54,27 @@ void panel_matmul_bf16_cpu(const uint16_t* x, int64_t rows, int64_t in_features,
 // Whether isa 0 runs the AVX2 + FMA path on this CPU.
 bool panel_matmul_vectorised();
 
+// bfloat16 in pairs (panel_matmul_bf16_pairs_cpu): for a CPU with AVX512-BF16, whose dot-product
+// instruction (VDPBF16PS) multiplies two k at once, sixteen features to a 64-byte line:
+//   pairs[((p * K2 + i) * 16 + j) * 2 + t] = W[16 p + j, 2 i + t]   (0 past N or K)
+// with K2 = ceil(K / 2), a panel K2 x 16 x 2 contiguous. One instruction per line and row, and
+// no widening, so the products stay bound by memory to several rows more than the float32
+// chain's (SmolLM2's layers, 2 Zen 5 cores: bench/panel_layers.py). The bits follow that
+// instruction: for every row r and feature n,
+//   acc = 0; for i = 0 .. K2 - 1:
+//     acc = ftz(fma(daz(x[r, 2i + 1]), daz(W[n, 2i + 1]), acc))   (x[r, K] = W[n, K] = 0)
+//     acc = ftz(fma(daz(x[r, 2i]), daz(W[n, 2i]), acc))
+// then bias, addend and the rounding to bfloat16 as above; daz reads a subnormal operand as a
+// zero of its sign and ftz writes a subnormal sum as one (a bfloat16 product is exact in
+// float32, so each step rounds once). isa 1, the portable loop, computes the same bits on any
+// CPU; isa 0 is the vector path where the CPU has AVX512-BF16, else the portable loop. x, y,
+// bias, addend and the checks as panel_matmul_bf16_cpu's.
+void panel_matmul_bf16_pairs_cpu(const uint16_t* x, int64_t rows, int64_t in_features,
+                                 int64_t ldx, const uint16_t* pairs, int64_t out_features,
+                                 const uint16_t* bias, const uint16_t* addend, int64_t ld_addend,
+                                 uint16_t* y, int64_t ldy, int isa);
+
+// Whether isa 0 runs the AVX512-BF16 path of panel_matmul_bf16_pairs_cpu on this CPU.
+bool panel_matmul_pairs_vectorised();
+
 }  // namespace tlt

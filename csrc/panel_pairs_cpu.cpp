@@ -1,0 +1,240 @@
+// CPU implementation of panel_matmul.h's bfloat16 pairs product. A micro-kernel (vector_block)
+// multiplies G rows by C adjacent panels with one VDPBF16PS per (row, panel, pair of k): G C
+// accumulators, C line loads and one broadcast of a row's pair each step, at most 24 + 3 + 1 of
+// AVX-512's 32 registers. Rows beyond a group rerun the task's panels, now in L2, so only the
+// first group reads them from memory.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu_common.h"
+#include "panel_common.h"
+#include "parallel.h"
+#include "tlt/panel_matmul.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define TLT_PAIRS_X86 1
+// GCC 12's AVX-512 headers pass an undefined vector as the unused merge source of the unmasked
+// intrinsics, which its own -Wuninitialized then reports at every call; nothing here is read
+// uninitialized.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#endif
+
+namespace tlt {
+namespace {
+
+// Up to this many rows share a pass over the panels; 8 rows by 3 panels keeps 24 products in
+// flight, enough to cover the instruction's latency at two a cycle.
+constexpr int kRowGroup = 8;
+// From 5 rows on, the first row group's FMAs are enough to delay the memory stream, so the lines
+// this many pairs ahead (1 KB) are prefetched (SmolLM2's layers, 2 Zen 5 cores: 1.07x at 8-16
+// rows; at 1-3 rows it gained nothing).
+constexpr int kPrefetchFromRows = 5;
+constexpr int64_t kPrefetchPairs = 16;
+// One claimed unit of work: 12 panels, a whole number of blocks of 3 or 4 (221-590 KB at SmolLM2's
+// K 576-1536, so a task's later row groups find them in L2).
+constexpr int64_t kPanelsPerTask = 12;
+
+// daz: a subnormal bfloat16 as a zero of its sign, widened.
+inline float widen_daz(uint16_t value) {
+  return (value & 0x7F80u) == 0 ? cpu::bits_to_float(static_cast<uint32_t>(value & 0x8000u) << 16)
+                                : cpu::bfloat16_to_float(value);
+}
+// ftz: a subnormal sum as a zero of its sign.
+inline float flush(float value) {
+  return std::fpclassify(value) == FP_SUBNORMAL ? std::copysign(0.0f, value) : value;
+}
+
+struct Call {
+  const uint16_t* x;  // rows x K2 pairs, row stride ldx elements (K even or padded)
+  int64_t rows, K2, ldx;
+  const uint16_t* pairs;
+  int64_t N;
+  const uint16_t* bias;
+  const uint16_t* addend;
+  int64_t ld_addend;
+  uint16_t* y;
+  int64_t ldy;
+
+  const uint16_t* panel(int64_t p) const { return pairs + p * K2 * 2 * kPanelWidth; }
+
+  void emit(int64_t p, int64_t r, const float* sums) const {
+    const int64_t n0 = p * kPanelWidth;
+    const int width = static_cast<int>(std::min<int64_t>(kPanelWidth, N - n0));
+    panel::finish_row(sums, width, bias == nullptr ? nullptr : bias + n0,
+                      addend == nullptr ? nullptr : addend + r * ld_addend + n0, y + r * ldy + n0);
+  }
+
+  // Rows [r0, r0 + group) of panel p: the header's loop literally.
+  void portable(int64_t p, int64_t r0, int group) const {
+    const uint16_t* lines = panel(p);
+    for (int m = 0; m < group; ++m) {
+      const uint16_t* row = x + (r0 + m) * ldx;
+      float sums[kPanelWidth] = {};
+      for (int64_t i = 0; i < K2; ++i)
+        for (int j = 0; j < kPanelWidth; ++j)
+          for (int t = 1; t >= 0; --t)
+            sums[j] = flush(std::fma(widen_daz(row[2 * i + t]),
+                                     widen_daz(lines[(i * kPanelWidth + j) * 2 + t]), sums[j]));
+      emit(p, r0 + m, sums);
+    }
+  }
+
+#ifdef TLT_PAIRS_X86
+  // G rows by C adjacent panels from panel p.
+  template <int G, int C>
+  __attribute__((target("avx512f,avx512bw,avx512bf16"))) void vector_block(int64_t p,
+                                                                           int64_t r0) const {
+    // Every loop over the accumulators is unrolled, so each is a register.
+    __m512 acc[G][C];
+#pragma GCC unroll 32
+    for (int m = 0; m < G; ++m)
+#pragma GCC unroll 32
+      for (int c = 0; c < C; ++c) acc[m][c] = _mm512_setzero_ps();
+    const uint16_t* lines[C];
+    for (int c = 0; c < C; ++c) lines[c] = panel(p + c);
+    const uint16_t* row[G];
+    for (int m = 0; m < G; ++m) row[m] = x + (r0 + m) * ldx;
+    for (int64_t i = 0; i < K2; ++i) {
+      __m512i weights[C];
+#pragma GCC unroll 32
+      for (int c = 0; c < C; ++c) {
+        const uint16_t* line = lines[c] + i * 2 * kPanelWidth;
+        if constexpr (G >= kPrefetchFromRows)
+          _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelWidth),
+                       _MM_HINT_T0);
+        weights[c] = _mm512_loadu_si512(line);
+      }
+#pragma GCC unroll 32
+      for (int m = 0; m < G; ++m) {
+        int32_t pair;  // x[r, 2i] in the low half, x[r, 2i + 1] in the high, as in the panels
+        std::memcpy(&pair, row[m] + 2 * i, sizeof(pair));
+        const __m512bh value = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 32
+        for (int c = 0; c < C; ++c)
+          acc[m][c] = _mm512_dpbf16_ps(acc[m][c], value, (__m512bh)weights[c]);
+      }
+    }
+#pragma GCC unroll 32
+    for (int c = 0; c < C; ++c)
+#pragma GCC unroll 32
+      for (int m = 0; m < G; ++m) vector_emit(p + c, r0 + m, acc[m][c]);
+  }
+
+  // emit's bits with 16 lanes at once: the float32 adds in the same order, then
+  // float_to_bfloat16's rounding (nearest even on the bits, any NaN as 0x7FC0).
+  __attribute__((target("avx512f,avx512bw,avx512vl"))) void vector_emit(int64_t p, int64_t r,
+                                                                        __m512 value) const {
+    const int64_t n0 = p * kPanelWidth;
+    const int width = static_cast<int>(std::min<int64_t>(kPanelWidth, N - n0));
+    const __mmask16 lanes = static_cast<__mmask16>((1u << width) - 1u);
+    if (bias != nullptr) value = _mm512_add_ps(value, widen16(bias + n0, lanes));
+    if (addend != nullptr)
+      value = _mm512_add_ps(value, widen16(addend + r * ld_addend + n0, lanes));
+    const __m512i bits = _mm512_castps_si512(value);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q),
+                                    _mm512_set1_epi32(0x7FC0));
+    _mm256_mask_storeu_epi16(y + r * ldy + n0, lanes, _mm512_cvtepi32_epi16(rounded));
+  }
+
+  // Sixteen bfloat16 (those in `lanes`; 0 elsewhere) as float32.
+  __attribute__((target("avx512f,avx512bw,avx512vl"))) static __m512 widen16(
+      const uint16_t* values, __mmask16 lanes) {
+    const __m256i halves = _mm256_maskz_loadu_epi16(lanes, values);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+  }
+
+  // Panels [p0, p1) for rows [r0, r0 + G): blocks of C, the last few as wide as they go.
+  template <int G, int C>
+  void vector_rows(int64_t p0, int64_t p1, int64_t r0) const {
+    int64_t p = p0;
+    for (; p + C <= p1; p += C) vector_block<G, C>(p, r0);
+    if constexpr (C > 3) {
+      if (p1 - p == 3) return vector_block<G, 3>(p, r0);
+    }
+    if constexpr (C > 2) {
+      if (p1 - p == 2) return vector_block<G, 2>(p, r0);
+    }
+    if (p1 - p == 1) vector_block<G, 1>(p, r0);
+  }
+
+  // Up to 4 rows across 4 panels (16 accumulators), 5 to 8 across 3 (15-24).
+  void vector(int64_t p0, int64_t p1, int64_t r0, int group) const {
+    switch (group) {
+      case 1: vector_rows<1, 4>(p0, p1, r0); break;
+      case 2: vector_rows<2, 4>(p0, p1, r0); break;
+      case 3: vector_rows<3, 4>(p0, p1, r0); break;
+      case 4: vector_rows<4, 4>(p0, p1, r0); break;
+      case 5: vector_rows<5, 3>(p0, p1, r0); break;
+      case 6: vector_rows<6, 3>(p0, p1, r0); break;
+      case 7: vector_rows<7, 3>(p0, p1, r0); break;
+      default: vector_rows<8, 3>(p0, p1, r0); break;
+    }
+  }
+#endif
+
+  void panels_range(int64_t p0, int64_t p1, bool use_vector) const {
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup) {
+      const int group = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r0));
+#ifdef TLT_PAIRS_X86
+      if (use_vector) {
+        vector(p0, p1, r0, group);
+        continue;
+      }
+#endif
+      for (int64_t p = p0; p < p1; ++p) portable(p, r0, group);
+    }
+  }
+};
+
+}  // namespace
+
+bool panel_matmul_pairs_vectorised() {
+#ifdef TLT_PAIRS_X86
+  return cpu::has_avx512_bf16();
+#else
+  return false;
+#endif
+}
+
+void panel_matmul_bf16_pairs_cpu(const uint16_t* x, int64_t rows, int64_t in_features,
+                                 int64_t ldx, const uint16_t* pairs, int64_t out_features,
+                                 const uint16_t* bias, const uint16_t* addend, int64_t ld_addend,
+                                 uint16_t* y, int64_t ldy, int isa) {
+  if (!panel::check_arguments(x, rows, in_features, ldx, pairs, out_features, addend, ld_addend,
+                              y, ldy, isa))
+    return;
+  const int64_t K2 = (in_features + 1) / 2;
+  // An odd K reads x[r, K] as 0: the rows are copied with that zero after them, once per call.
+  std::vector<uint16_t> padded;
+  if (in_features % 2 != 0) {
+    padded.assign(static_cast<size_t>(rows * 2 * K2), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(padded.data() + r * 2 * K2, x + r * ldx, in_features * sizeof(uint16_t));
+    x = padded.data();
+    ldx = 2 * K2;
+  }
+  const Call call{x, rows, K2, ldx, pairs, out_features, bias, addend, ld_addend, y, ldy};
+  const bool use_vector = isa == 0 && panel_matmul_pairs_vectorised();
+  const int64_t num_panels = (out_features + kPanelWidth - 1) / kPanelWidth;
+  const int64_t weight_bytes = num_panels * K2 * 2 * kPanelWidth * 2;
+  if (weight_bytes < panel::kParallelBytes) {
+    call.panels_range(0, num_panels, use_vector);
+    return;
+  }
+  const int64_t tasks = (num_panels + kPanelsPerTask - 1) / kPanelsPerTask;
+  cpu::parallel_for_on_openmp_team(tasks, [&](int64_t task) {
+    const int64_t p0 = task * kPanelsPerTask;
+    call.panels_range(p0, std::min(num_panels, p0 + kPanelsPerTask), use_vector);
+  });
+}
+
+}  // namespace tlt
