@@ -352,3 +352,25 @@ def test_panels_products_agree_with_the_matrix_on_both_sides_of_the_row_limit(ro
         bound = (2 ** -7 if wide else 2 ** -8) * scale
         assert ((got.float() - want).abs() <= bound + 1e-5).all()
 
+
+
+def test_a_held_pack_is_checked_once_and_followed_again_after():
+    """Transformer.inference_pack_held (a generate call): the pack is brought up to date on
+    entry and taken as current inside, nested holds included; after it, steps follow the
+    parameters again."""
+    model = model_of("llama", torch.float32)
+    before, _ = step_and_forward(model, torch.float32)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(3.0)  # before the hold: seen
+    with model.inference_pack_held():
+        inside, expected = step_and_forward(model, torch.float32)
+        assert (inside - expected).abs().max() <= TOLERANCE[torch.float32] * expected.abs().max()
+        with torch.no_grad():
+            model.model.layers[1].mlp.down_proj.weight.mul_(2.0)  # inside: not seen
+        with model.inference_pack_held():
+            nested, _ = step_and_forward(model, torch.float32)
+        held, _ = step_and_forward(model, torch.float32)
+        assert torch.equal(nested, inside) and torch.equal(held, inside)
+    after, expected = step_and_forward(model, torch.float32)
+    assert (after - inside).abs().max() > 0.01
+    assert (after - expected).abs().max() <= TOLERANCE[torch.float32] * expected.abs().max()

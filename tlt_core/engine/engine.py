@@ -235,18 +235,20 @@ class RolloutEngine:
         records and seeds so a sample does not depend on how requests were split among workers.
         observe: told every step's StepOutcome, plain steps included. suffix_index: where
         suffix-match drafts come from and this call's responses go (default: the engine's own,
-        which remembers earlier calls)."""
+        which remembers earlier calls). The target's parameters must not change during the
+        call: its packed weights are compared with them once, at the start."""
         if self._in_call:
             raise RuntimeError("generate: this engine is already running a call (from another "
                                "thread, or from a policy or observer); an engine runs one call "
                                "at a time: build another engine for concurrent calls")
         self._in_call = True
         try:
-            run = self._start(requests, strategy, request_ids, observe, suffix_index)
-            while run.waiting or run.running:
-                self._admit(run)
-                if run.running:
-                    self._step(run)
+            with self.model.inference_pack_held():
+                run = self._start(requests, strategy, request_ids, observe, suffix_index)
+                while run.waiting or run.running:
+                    self._admit(run)
+                    if run.running:
+                        self._step(run)
             self.step_clock.flush()  # the last steps' times, to the observers
         finally:
             self.step_clock.drop()

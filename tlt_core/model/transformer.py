@@ -20,10 +20,11 @@ H_q / H_kv query / key-value heads, d head_dim.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -482,6 +483,22 @@ class Transformer(nn.Module):
         replaced by another shape or storage) rather than refreshed in place: what a CUDA
         graph of step() must be captured again after."""
         return self._decoder.refresh()
+
+    @contextlib.contextmanager
+    def inference_pack_held(self) -> Iterator[None]:
+        """Within it, step() takes its packed layers as current without comparing them with the
+        parameters on every pass: for a caller that does not change the parameters inside (a
+        generate call). The pack is brought up to date on entry; nested holds are one."""
+        layers = self._decoder.layers
+        if layers.held:
+            yield
+            return
+        layers.get()
+        layers.held = True
+        try:
+            yield
+        finally:
+            layers.held = False
 
     def reserve_positions(self, bound: int) -> None:
         """Precomputes step()'s RoPE tables for positions < bound: what a CUDA graph of step()
