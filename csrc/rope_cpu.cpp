@@ -8,6 +8,12 @@
 #include "parallel.h"
 #include "tlt/rope.h"
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include "vector_bf16.h"
+#define TLT_ROPE_X86 1
+#define TLT_AVX2 __attribute__((target("avx2,fma")))
+#endif
+
 namespace tlt {
 namespace {
 
@@ -15,6 +21,7 @@ constexpr int64_t kParallelRows = 64;
 constexpr int64_t kMaxHeadDim = 1024;  // every model family's is <= 256
 
 // The element types as storage: bfloat16 is the upper half of a float32.
+// Each with its eight-lane forms (v*) for the AVX2 path, the same bits as the scalar ones.
 struct BF16 {
   using Storage = uint16_t;
   static float load(uint16_t value) { return cpu::bfloat16_to_float(value); }
@@ -22,6 +29,14 @@ struct BF16 {
   static float round(float value) { return load(store(value)); }
   // One rounding of a + b * c: a bfloat16 product is exact in float32, so the plain sum is it.
   static float multiply_add(float b, float c, float a) { return a + b * c; }
+#ifdef TLT_ROPE_X86
+  TLT_AVX2 static __m256 vload(const uint16_t* p) { return cpu::load_bfloat16x8(p); }
+  TLT_AVX2 static void vstore(__m256 v, uint16_t* p) { cpu::store_bfloat16x8(v, p); }
+  TLT_AVX2 static __m256 vround(__m256 v) { return cpu::through_bfloat16x8(v); }
+  TLT_AVX2 static __m256 vmultiply_add(__m256 b, __m256 c, __m256 a) {
+    return _mm256_add_ps(a, _mm256_mul_ps(b, c));
+  }
+#endif
 };
 
 struct F32 {
@@ -31,7 +46,42 @@ struct F32 {
   static float round(float value) { return value; }
   // PyTorch's vectorised addcmul on float32 is a fused multiply-add: one rounding.
   static float multiply_add(float b, float c, float a) { return std::fma(b, c, a); }
+#ifdef TLT_ROPE_X86
+  TLT_AVX2 static __m256 vload(const float* p) { return _mm256_loadu_ps(p); }
+  TLT_AVX2 static void vstore(__m256 v, float* p) { _mm256_storeu_ps(p, v); }
+  TLT_AVX2 static __m256 vround(__m256 v) { return v; }
+  TLT_AVX2 static __m256 vmultiply_add(__m256 b, __m256 c, __m256 a) {
+    return _mm256_fmadd_ps(b, c, a);
+  }
+#endif
 };
+
+#ifdef TLT_ROPE_X86
+// One head of write_rows' row body, eight lanes at a time (head_dim a multiple of 16): the
+// same operations per element as the scalar loops.
+template <typename Model, typename Cache>
+TLT_AVX2 void rotate_head(const typename Model::Storage* head, const float* cos,
+                          const float* sin, int64_t d, typename Cache::Storage* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; i += 8) {
+    const __m256 low = Model::vload(head + i), high = Model::vload(head + i + half);
+    const __m256 cos_low = _mm256_loadu_ps(cos + i), cos_high = _mm256_loadu_ps(cos + i + half);
+    const __m256 sin_low = _mm256_loadu_ps(sin + i), sin_high = _mm256_loadu_ps(sin + i + half);
+    const __m256 scaled_low = Model::vround(_mm256_mul_ps(low, cos_low));
+    const __m256 scaled_high = Model::vround(_mm256_mul_ps(high, cos_high));
+    Cache::vstore(Model::vround(Model::vmultiply_add(high, sin_low, scaled_low)), out + i);
+    Cache::vstore(Model::vround(Model::vmultiply_add(low, sin_high, scaled_high)),
+                  out + i + half);
+  }
+}
+
+// A value head copied into the cache, eight at a time.
+template <typename Model, typename Cache>
+TLT_AVX2 void copy_head(const typename Model::Storage* head, int64_t d,
+                        typename Cache::Storage* out) {
+  for (int64_t i = 0; i < d; i += 8) Cache::vstore(Model::vload(head + i), out + i);
+}
+#endif
 
 template <typename Model, typename Cache>
 void write_rows(const void* qkv_v, int64_t batch, int64_t tokens, int64_t q_heads,
@@ -47,6 +97,9 @@ void write_rows(const void* qkv_v, int64_t batch, int64_t tokens, int64_t q_head
   Out* cache_v = static_cast<Out*>(cache_v_v);
   Out* q_out = static_cast<Out*>(q_out_v);
   const int64_t half = d / 2, width = (q_heads + 2 * kv_heads) * d;
+#ifdef TLT_ROPE_X86
+  const bool vector = d % 16 == 0 && cpu::has_avx2_fma();
+#endif
   auto row_body = [&](int64_t r) {
     const int64_t b = r / tokens, t = r % tokens, slot = slots[r];
     float cos[kMaxHeadDim], sin[kMaxHeadDim], x[kMaxHeadDim], scaled[kMaxHeadDim];
@@ -56,12 +109,18 @@ void write_rows(const void* qkv_v, int64_t batch, int64_t tokens, int64_t q_head
     }
     for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
       const In* head = qkv + r * width + h * d;
+      Out* out = h < q_heads ? q_out + ((b * q_heads + h) * tokens + t) * d
+                             : cache_k + b * row_stride + (h - q_heads) * head_stride + slot * d;
+#ifdef TLT_ROPE_X86
+      if (vector) {
+        rotate_head<Model, Cache>(head, cos, sin, d, out);
+        continue;
+      }
+#endif
       for (int64_t i = 0; i < d; ++i) {
         x[i] = Model::load(head[i]);
         scaled[i] = Model::round(x[i] * cos[i]);
       }
-      Out* out = h < q_heads ? q_out + ((b * q_heads + h) * tokens + t) * d
-                             : cache_k + b * row_stride + (h - q_heads) * head_stride + slot * d;
       // rope(x)[i] = round(scaled[i] + x[(i + half) % d] * sin[i]), the two halves apart
       for (int64_t i = 0; i < half; ++i)
         out[i] = Cache::store(Model::round(Model::multiply_add(x[i + half], sin[i], scaled[i])));
@@ -71,6 +130,12 @@ void write_rows(const void* qkv_v, int64_t batch, int64_t tokens, int64_t q_head
     for (int64_t h = 0; h < kv_heads; ++h) {
       const In* head = qkv + r * width + (q_heads + kv_heads + h) * d;
       Out* out = cache_v + b * row_stride + h * head_stride + slot * d;
+#ifdef TLT_ROPE_X86
+      if (vector) {
+        copy_head<Model, Cache>(head, d, out);
+        continue;
+      }
+#endif
       for (int64_t i = 0; i < d; ++i) out[i] = Cache::store(Model::load(head[i]));
     }
   };

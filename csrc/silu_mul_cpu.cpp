@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "cpu_common.h"
+#include "vector_bf16.h"
 #include "vector_exp.h"
 
 namespace tlt {
@@ -28,16 +29,13 @@ __attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
 }
 __attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
-  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+  return cpu::load_bfloat16x8(p);
 }
 __attribute__((target("avx2,fma"))) inline void store8(__m256 v, float* p) {
   _mm256_storeu_ps(p, v);
 }
 __attribute__((target("avx2,fma"))) inline void store8(__m256 v, uint16_t* p) {
-  alignas(32) float values[8];
-  _mm256_store_ps(values, v);
-  for (int i = 0; i < 8; ++i) p[i] = cpu::float_to_bfloat16(values[i]);
+  cpu::store_bfloat16x8(v, p);
 }
 
 // sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below, with e = exp(-|g|) <= 1.

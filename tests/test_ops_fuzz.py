@@ -538,7 +538,7 @@ def fuzz_philox_uniforms(data) -> bool:
 def fuzz_rope_kv_write(data) -> bool:
     batch, tokens = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 3))
     q_heads, kv_heads = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))
-    d, slots_len, table_len = (data.draw(st.sampled_from([2, 4, 8])),
+    d, slots_len, table_len = (data.draw(st.sampled_from([2, 4, 8, 16, 32])),
                                data.draw(st.integers(0, 6)), data.draw(st.integers(0, 6)))
     model_dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
     cache_dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))

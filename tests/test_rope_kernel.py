@@ -31,7 +31,8 @@ def _inputs(model_dtype, cache_dtype, batch=3, tokens=5, d=8, seed=0):
 @pytest.mark.parametrize("model_dtype,cache_dtype", [
     (torch.bfloat16, torch.float32), (torch.float32, torch.float32),
     (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)])
-@pytest.mark.parametrize("batch,tokens,d", [(1, 1, 8), (3, 5, 8), (4, 40, 16), (2, 3, 2)])
+@pytest.mark.parametrize("batch,tokens,d", [(1, 1, 8), (3, 5, 8), (4, 40, 16), (2, 3, 2),
+                                            (1, 3, 64), (2, 2, 48)])  # 16 | d: eight lanes
 def test_the_kernel_computes_what_the_tensor_ops_do(model_dtype, cache_dtype, batch, tokens, d):
     """Bit for bit (NaNs equal as NaNs): rows written one thread or (B T >= 64) several."""
     qkv, cos, sin, positions, slots, cache, q = _inputs(model_dtype, cache_dtype, batch,
