@@ -84,8 +84,8 @@ def target_pass(target, batch: int, context: int, tokens: int, reps: int) -> dic
                     ms[name] = min(ms[name],
                                    _best_ms(lambda: target.step(ids, positions, cache), reps))
         # what is left in PyTorch's ops (torch.profiler's self time, our kernels unseen) with
-        # both kernels and with neither
-        aten = {}
+        # both kernels and with neither, and how many ops (exact, where a time moves with load)
+        aten, aten_ops = {}, {}
         with torch.no_grad():
             for name in ("both", "neither"):
                 for kernel, flag in FLAGS.items():
@@ -93,12 +93,15 @@ def target_pass(target, batch: int, context: int, tokens: int, reps: int) -> dic
                 with profile(activities=[ProfilerActivity.CPU]) as prof:
                     for _ in range(reps):
                         target.step(ids, positions, cache)
-                aten[name] = sum(e.self_cpu_time_total for e in prof.key_averages()) / reps / 1e3
+                events = prof.key_averages()
+                aten[name] = sum(e.self_cpu_time_total for e in events) / reps / 1e3
+                aten_ops[name] = sum(e.count for e in events) / reps
     finally:
         for flag in FLAGS.values():
             setattr(packed, flag, True)
     return {f"pass_{name}_ms": value for name, value in ms.items()} | {
         "aten_both_ms": aten["both"], "aten_neither_ms": aten["neither"],
+        "aten_ops_both": aten_ops["both"], "aten_ops_neither": aten_ops["neither"],
         "pass_speedup_attention": ms["no_attention"] / ms["both"],
         "pass_speedup_silu_mul": ms["no_silu_mul"] / ms["both"],
         "pass_speedup_both": ms["neither"] / ms["both"]}

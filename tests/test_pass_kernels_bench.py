@@ -1,6 +1,6 @@
 """bench/pass_kernels.py on a tiny checkpoint: a row per case, each with the attention call and
-the pass timed with both CPU kernels, without each and without either, and PyTorch's remaining
-op time lower with the kernels than without."""
+the pass timed with both CPU kernels, without each and without either, and fewer of PyTorch's
+ops left with the kernels than without."""
 
 import json
 import subprocess
@@ -28,5 +28,7 @@ def test_rows_time_the_pass_with_and_without_each_kernel(tmp_path):
                     "pass_no_silu_mul_ms", "pass_neither_ms"):
             assert row[key] > 0, key
         assert row["pass_speedup_both"] == row["pass_neither_ms"] / row["pass_both_ms"]
-        # the kernels take ops out of PyTorch's hands: what is left there is less
-        assert row["aten_both_ms"] < row["aten_neither_ms"]
+        # the kernels take ops out of PyTorch's hands: fewer are left there (counted: their
+        # time on a tiny model is a fraction of a millisecond, which load moves either way)
+        assert row["aten_ops_both"] < row["aten_ops_neither"]
+        assert row["aten_both_ms"] > 0 and row["aten_neither_ms"] > 0
