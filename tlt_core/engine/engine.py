@@ -442,7 +442,7 @@ class RolloutEngine:
         drafted = self.step_clock.mark()
         verified = self._passes.verify(batch, plan, tree, run.hidden_layers)
         verified_at = self.step_clock.mark()
-        committed = self._accept(verified)
+        committed = self._accept(verified, plan.is_chain)
         kept = self._commit(run, committed, drafter_next=plan.uses_drafter,
                             width=verified.tree.tokens.shape[1])
         done = self.step_clock.mark()
@@ -466,9 +466,10 @@ class RolloutEngine:
         return self._passes.draft(batch, plan, [sample.key for sample in run.running],
                                   run.suffix_index)
 
-    def _accept(self, verified: Verified) -> _Committed:
+    def _accept(self, verified: Verified, chain: bool) -> _Committed:
         """Keeps each row's accepted path: its K/V moves next to the committed prefix
-        (compaction), and its tokens and target features are gathered for the commit."""
+        (compaction; a chain's path is already there, its first nodes, so it is committed as
+        it lies), and its tokens and target features are gathered for the commit."""
         tree, verdict = verified.tree, verified.verdict
         batch = tree.tokens.shape[0]
         counts = verdict.num_accepted.to(torch.int64) + 1  # (B,) tokens each row emits
@@ -479,8 +480,11 @@ class RolloutEngine:
         count_list, node_list, emitted_rows, logprob_rows = self.host.read(
             counts, tree.num_nodes, verdict.emitted_tokens, verdict.emitted_logprobs)
         check_emitted([row[0] for row in emitted_rows])
-        view.compact(verdict.accept_index, verdict.num_accepted,
-                     host=[count - 1 for count in count_list], validate=False)
+        if chain:
+            view.commit(counts, host=count_list)
+        else:
+            view.compact(verdict.accept_index, verdict.num_accepted,
+                         host=[count - 1 for count in count_list], validate=False)
         width = max(count_list)
         path = verdict.accept_index[:, :width].clamp(min=0).long()  # (B, W) accepted nodes
         hidden = tuple(h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))
