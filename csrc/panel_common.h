@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_common.h"
 
@@ -47,6 +48,21 @@ inline bool check_arguments(const void* x, int64_t rows, int64_t in_features, in
   cpu::require(x != nullptr, "x", "is null");
   cpu::require(y != nullptr, "out", "is null");
   return true;
+}
+
+// Panels [p0, p1) in blocks of C adjacent panels, the last few (fewer than C) as wide as they
+// go: block(std::integral_constant<int, width>, first panel) for each.
+template <int C, typename Block>
+inline void in_blocks(int64_t p0, int64_t p1, Block&& block) {
+  int64_t p = p0;
+  for (; p + C <= p1; p += C) block(std::integral_constant<int, C>{}, p);
+  if constexpr (C > 3) {
+    if (p1 - p == 3) return block(std::integral_constant<int, 3>{}, p);
+  }
+  if constexpr (C > 2) {
+    if (p1 - p == 2) return block(std::integral_constant<int, 2>{}, p);
+  }
+  if (p1 - p == 1) block(std::integral_constant<int, 1>{}, p);
 }
 
 }  // namespace tlt::panel

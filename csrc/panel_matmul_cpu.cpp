@@ -164,19 +164,12 @@ struct Call {
     }
   }
 
-  // Panels [p0, p1) for rows [r0, r0 + group): blocks of the widest C that fits the registers.
+  // Panels [p0, p1) for rows [r0, r0 + G): blocks of C panels, the last few as wide as they go.
   template <int G, int C>
   void vector_rows(int64_t p0, int64_t p1, int64_t r0) const {
-    int64_t p = p0;
-    for (; p + C <= p1; p += C) vector_block<G, C>(p, r0);
-    // the task's last few panels (fewer than C), as wide as they go
-    if constexpr (C > 3) {
-      if (p1 - p == 3) return vector_block<G, 3>(p, r0);
-    }
-    if constexpr (C > 2) {
-      if (p1 - p == 2) return vector_block<G, 2>(p, r0);
-    }
-    if (p1 - p == 1) vector_block<G, 1>(p, r0);
+    panel::in_blocks<C>(p0, p1, [&](auto width, int64_t p) {
+      this->template vector_block<G, decltype(width)::value>(p, r0);
+    });
   }
 
   // Rows [r0, r0 + group) of panels [p0, p1): up to kRowGroup rows across 2-4 panels, more

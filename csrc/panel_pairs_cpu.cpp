@@ -156,18 +156,12 @@ struct Call {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
   }
 
-  // Panels [p0, p1) for rows [r0, r0 + G): blocks of C, the last few as wide as they go.
+  // Panels [p0, p1) for rows [r0, r0 + G): blocks of C panels, the last few as wide as they go.
   template <int G, int C>
   void vector_rows(int64_t p0, int64_t p1, int64_t r0) const {
-    int64_t p = p0;
-    for (; p + C <= p1; p += C) vector_block<G, C>(p, r0);
-    if constexpr (C > 3) {
-      if (p1 - p == 3) return vector_block<G, 3>(p, r0);
-    }
-    if constexpr (C > 2) {
-      if (p1 - p == 2) return vector_block<G, 2>(p, r0);
-    }
-    if (p1 - p == 1) vector_block<G, 1>(p, r0);
+    panel::in_blocks<C>(p0, p1, [&](auto width, int64_t p) {
+      this->template vector_block<G, decltype(width)::value>(p, r0);
+    });
   }
 
   // Up to 4 rows across 4 panels (16 accumulators), 5 to 8 across 3 (15-24).
