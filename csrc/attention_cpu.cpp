@@ -144,30 +144,6 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
     if (c < lanes) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
-
-// weighted_sum_avx2 sixteen lanes at a time, for a width that is a multiple of 16: each output
-// element is the same chain of FMAs in slot order, so the bits are weighted_sum_avx2's, in
-// half the instructions.
-__attribute__((target("avx512f"))) void weighted_sum_avx512(const float* p, const float* v,
-                                                           int64_t v_stride, const int64_t* seen,
-                                                           int64_t count, int64_t width,
-                                                           float* out) {
-  __m512 acc[kValueBlock / 16];
-  const int64_t lanes = width / 16;
-#pragma GCC unroll 4
-  for (int64_t c = 0; c < kValueBlock / 16; ++c)
-    acc[c] = c < lanes ? _mm512_loadu_ps(out + 16 * c) : _mm512_setzero_ps();
-  for (int64_t n = 0; n < count; ++n) {
-    const __m512 weight = _mm512_set1_ps(p[n]);
-    const float* row = v + seen[n] * v_stride;
-#pragma GCC unroll 4
-    for (int64_t c = 0; c < kValueBlock / 16; ++c)
-      if (c < lanes) acc[c] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(row + 16 * c), acc[c]);
-  }
-#pragma GCC unroll 4
-  for (int64_t c = 0; c < kValueBlock / 16; ++c)
-    if (c < lanes) _mm512_storeu_ps(out + 16 * c, acc[c]);
-}
 #endif
 
 // A task's queries: for query j, the slots it sees (seen[j S ..]), their scores and then
@@ -281,10 +257,7 @@ void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j
       const int64_t width = d - i0 < kValueBlock ? d - i0 : kValueBlock;
 #ifdef TLT_ATTENTION_X86
       if (vector) {
-        if (width % 16 == 0 && cpu::has_avx512f())
-          weighted_sum_avx512(p + n0, values + i0, d, seen + n0, n1 - n0, width, sums + i0);
-        else
-          weighted_sum_avx2(p + n0, values + i0, d, seen + n0, n1 - n0, width, sums + i0);
+        weighted_sum_avx2(p + n0, values + i0, d, seen + n0, n1 - n0, width, sums + i0);
         continue;
       }
 #endif

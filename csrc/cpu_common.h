@@ -19,12 +19,6 @@ inline bool has_avx2_fma() {
   return supported;
 }
 
-// Whether this CPU has AVX-512F (attention's weighted sums of V, sixteen lanes at a time).
-inline bool has_avx512f() {
-  static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported;
-}
-
 // Whether this CPU has AVX512-BF16 (VDPBF16PS), the instruction of the bfloat16 pairs product.
 inline bool has_avx512_bf16() {
   static const bool supported =
