@@ -16,6 +16,7 @@
 #include "cpu_common.h"
 #include "panel_common.h"
 #include "parallel.h"
+#include "vector_bf16.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -54,8 +55,7 @@ __attribute__((target("avx2,fma"))) inline __m256 load8(const float* line) {
   return _mm256_loadu_ps(line);
 }
 __attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* line) {
-  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(line));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+  return cpu::load_bfloat16x8(line);
 }
 #endif
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cpu_common.h"
+#include "vector_bf16.h"
 #include "vector_exp.h"
 
 namespace tlt::cpu {
@@ -42,11 +43,7 @@ __attribute__((target("avx2,fma"))) inline void accumulate(__m256 v, __m256d& lo
 __attribute__((target("avx2,fma"))) void widen_bf16_avx2(const uint16_t* src, int64_t count,
                                                           float* out) {
   int64_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(out + i,
-                     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16)));
-  }
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, load_bfloat16x8(src + i));
   for (; i < count; ++i) out[i] = bfloat16_to_float(src[i]);
 }
 
