@@ -10,8 +10,12 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "tlt/attention.h"
+#include "tlt/decoder_layers.h"
 #include "tlt/device.h"
 #include "tlt/idle.h"
 #include "tlt/kv_cache.h"
@@ -280,6 +284,63 @@ void silu_mul(uintptr_t gate_up, int32_t type, int64_t rows, int64_t width, int6
                     ptr<void>(out));
 }
 
+// CPU only, as rope_kv_write. A panel weight as (panels, out_features, pairs, bias or 0).
+using PanelWeightArgs = std::tuple<uintptr_t, int64_t, bool, uintptr_t>;
+
+tlt::PanelWeightBf16 panel_weight(const PanelWeightArgs& args) {
+  const auto& [panels, out_features, pairs, bias] = args;
+  return {ptr<const uint16_t>(panels), out_features, pairs, ptr<const uint16_t>(bias)};
+}
+
+// A model's decoder layers (decoder_layers.h), their weights' addresses gathered once per pack.
+class DecoderLayersBf16 {
+ public:
+  DecoderLayersBf16(int64_t hidden, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                    int64_t intermediate)
+      : shape_{hidden, q_heads, kv_heads, head_dim, intermediate} {}
+
+  void add_layer(uintptr_t input_norm, float input_eps, const PanelWeightArgs& qkv,
+                 const PanelWeightArgs& o, uintptr_t post_attention_norm,
+                 float post_attention_eps, const PanelWeightArgs& gate_up,
+                 const PanelWeightArgs& down) {
+    layers_.push_back({ptr<const uint16_t>(input_norm), input_eps, panel_weight(qkv),
+                       panel_weight(o), ptr<const uint16_t>(post_attention_norm),
+                       post_attention_eps, panel_weight(gate_up), panel_weight(down)});
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // cache: the float32 [L, 2, B, H_kv, max_len, d] cache's address and its first four strides;
+  // mask 0: none; saved: (layer, [R, H] output address) pairs.
+  void run(uintptr_t h, int64_t batch, int64_t tokens, uintptr_t cache, int64_t layer_stride,
+           int64_t plane_stride, int64_t row_stride, int64_t head_stride, int64_t max_len,
+           uintptr_t cos, uintptr_t sin_signed, int64_t table_len, uintptr_t positions,
+           uintptr_t slots, uintptr_t mask, int64_t mask_batch_stride, int64_t mask_token_stride,
+           int64_t read_len, const std::vector<std::pair<int64_t, uintptr_t>>& saved) const {
+    const auto& [hidden, q_heads, kv_heads, head_dim, intermediate] = shape_;
+    const tlt::DecoderStep step{batch, tokens, hidden, q_heads, kv_heads, head_dim,
+                                intermediate, ptr<float>(cache), layer_stride, plane_stride,
+                                row_stride, head_stride, max_len, ptr<const uint16_t>(cos),
+                                ptr<const uint16_t>(sin_signed), table_len,
+                                ptr<const int64_t>(positions), ptr<const int64_t>(slots),
+                                ptr<const uint8_t>(mask), mask_batch_stride, mask_token_stride,
+                                read_len};
+    std::vector<int64_t> saved_layers;
+    std::vector<uint16_t*> saved_out;
+    for (const auto& [layer, out] : saved) {
+      saved_layers.push_back(layer);
+      saved_out.push_back(ptr<uint16_t>(out));
+    }
+    tlt::decoder_layers_bf16_cpu(layers_.data(), num_layers(), step, ptr<uint16_t>(h),
+                                 saved_layers.data(), saved_out.data(),
+                                 static_cast<int64_t>(saved.size()));
+  }
+
+ private:
+  std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t> shape_;  // H, H_q, H_kv, d, I
+  std::vector<tlt::DecoderLayerBf16> layers_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -303,6 +364,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("silu_mul", &silu_mul, nogil);
   m.def("sample_draft", &sample_draft, nogil);
   m.attr("panel_width") = tlt::kPanelWidth;
+  py::class_<DecoderLayersBf16>(m, "DecoderLayersBf16")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t>(), py::arg("hidden"),
+           py::arg("q_heads"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("intermediate"))
+      .def("add_layer", &DecoderLayersBf16::add_layer)
+      .def_property_readonly("num_layers", &DecoderLayersBf16::num_layers)
+      .def("run", &DecoderLayersBf16::run, nogil);
   // Idle detection (tlt/idle.h); std::invalid_argument surfaces as ValueError.
   py::class_<tlt::IdleStateMachine>(m, "IdleStateMachine")
       .def(py::init([](double utilization_threshold, double idle_after_s) {

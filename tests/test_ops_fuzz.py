@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as 
 
 import tlt_core.ops as ops
 from tlt_core.ops import reference
+from tlt_core.ops.decoder_layers import DecoderLayers, DecoderShape
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 5.0  # per op; 8 ops plus a ~3 s interpreter start each fit in about a minute
@@ -62,7 +63,8 @@ SPECIAL_FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, 2.0, 1 - 2**-24, 1e-6, 1e-7, 1e-42,
 @pytest.mark.parametrize("op", ["select_tree", "tree_metadata", "unpack_tree_mask",
                                 "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
                                 "philox_uniforms", "rope_kv_write", "add_rms_norm",
-                                "panel_matmul", "decode_attention", "silu_mul", "sample_draft"])
+                                "panel_matmul", "decode_attention", "silu_mul", "sample_draft",
+                                "decoder_layers"])
 def test_fuzzed_calls_return_the_reference_or_name_an_argument(op, tmp_path):
     # Run from the repository root, like pytest: `tests` and `tlt_core` import from there.
     script = f"import tests.test_ops_fuzz as f; f.fuzz({op!r})"
@@ -743,10 +745,76 @@ def fuzz_sample_draft(data) -> bool:
     return True
 
 
+def fuzz_decoder_layers(data) -> bool:
+    from tests.test_decoder_layers import one_by_one, random_layers
+
+    batch, tokens, num_layers = (data.draw(st.integers(0, 2)), data.draw(st.integers(1, 3)),
+                                 data.draw(st.integers(1, 2)))
+    kv_heads = data.draw(st.integers(1, 2))
+    shape = DecoderShape(hidden=data.draw(st.integers(1, 24)),
+                         q_heads=kv_heads * data.draw(st.integers(1, 2)), kv_heads=kv_heads,
+                         head_dim=data.draw(st.sampled_from([2, 4, 8, 16])),
+                         intermediate=data.draw(st.integers(1, 12)))
+    max_len, table_len = data.draw(st.integers(1, 12)), data.draw(st.integers(1, 12))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    layers = random_layers(shape, num_layers, g, pairs=data.draw(st.booleans()),
+                           bias=data.draw(st.booleans()))
+    kernel = DecoderLayers(shape, layers)
+
+    def tensor(values: torch.Tensor, dtype: torch.dtype, specials: list):
+        array = draw_array(data, objects(values.tolist()).reshape(values.shape), dtype, specials,
+                           dtypes=[dtype] * 9 + ALL_DTYPES)
+        if isinstance(array, np.ndarray) and data.draw(st.integers(0, 3)):
+            array = torch.from_numpy(array)  # mostly a torch tensor, the only kind it takes
+        return array
+
+    h = tensor(torch.randn(batch * tokens, shape.hidden, generator=g), torch.bfloat16,
+               SPECIAL_FLOATS)
+    positions, slots = (tensor(torch.randint(0, bound, (batch, tokens), generator=g),
+                               torch.int64, SPECIAL_INTS + [bound])
+                        for bound in (table_len, max_len))
+    cos, sin_signed = (tensor(torch.randn(table_len, shape.head_dim, generator=g),
+                              torch.bfloat16, SPECIAL_FLOATS) for _ in range(2))
+    cache = torch.randn(num_layers + data.draw(st.integers(0, 1)), 2, batch + 1,
+                        shape.kv_heads, max_len, shape.head_dim, generator=g)
+    cache = cache[:, :, :batch].to(data.draw(st.sampled_from([torch.float32] * 9
+                                                              + [torch.bfloat16])))
+    read_len = draw_number(data, [max_len] * 12 + [max(max_len // 2, 1)] * 6
+                           + [0, max_len + 1, -1])
+    mask = None
+    if data.draw(st.booleans()):
+        mask = torch.rand(data.draw(st.sampled_from([batch, 1])), 1,
+                          data.draw(st.sampled_from([tokens, 1])),
+                          read_len if isinstance(read_len, int) and 0 < read_len < 100 else 1,
+                          generator=g) < 0.7
+    saved_layers = data.draw(st.sampled_from([[]] * 4 + [[0], [num_layers - 1]] * 2
+                                             + [[num_layers], [-1]]))
+    args = [h, positions, slots, cache, cos, sin_signed, mask, read_len, saved_layers]
+    inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    returned, out = call(kernel.__call__, *args)
+    if not returned:  # nothing written
+        for before, after in zip(inputs, args):
+            if isinstance(after, torch.Tensor):
+                torch.testing.assert_close(after, before, rtol=0, atol=0, equal_nan=True)
+        return False
+    got_h, got_saved = out
+    if got_h.numel() == 0:  # no rows: nothing computed (the ops one by one want dense strides)
+        return True
+    # h dense: a (1, 1) tensor with a stride of 2 is contiguous to torch, not to panel_matmul
+    dense_h = inputs[0].clone(memory_format=torch.contiguous_format)
+    want_h, want_saved = one_by_one(layers, shape, dense_h, *inputs[1:8], saved_layers)
+    assert torch.equal(got_h.view(torch.int16), want_h.view(torch.int16)), "h"
+    assert torch.equal(cache.view(torch.int32), inputs[3].view(torch.int32)), "cache"
+    assert got_saved.keys() == want_saved.keys()
+    for layer, saved in got_saved.items():
+        assert torch.equal(saved.view(torch.int16), want_saved[layer].view(torch.int16))
+    return True
+
+
 CASES = {"select_tree": fuzz_select_tree, "tree_metadata": fuzz_tree_metadata,
          "unpack_tree_mask": fuzz_unpack_tree_mask, "verify_tree_greedy": fuzz_verify_tree_greedy,
          "verify_tree_sampling": fuzz_verify_tree_sampling, "compact_kv_": fuzz_compact_kv_,
          "philox_uniforms": fuzz_philox_uniforms, "rope_kv_write": fuzz_rope_kv_write,
          "add_rms_norm": fuzz_add_rms_norm, "panel_matmul": fuzz_panel_matmul,
          "decode_attention": fuzz_decode_attention, "silu_mul": fuzz_silu_mul,
-         "sample_draft": fuzz_sample_draft}
+         "sample_draft": fuzz_sample_draft, "decoder_layers": fuzz_decoder_layers}

@@ -241,7 +241,7 @@ class Drafter(nn.Module):
             B, T = tokens.shape
             h = self._packed_fc(joined.view(B * T, -1), self.fc.weight, self.fc.bias)  # (B T, H)
             h, _ = run_layers(self._packed, h, positions, target.model.rotary_emb,
-                              [cache.data[0]], plan)
+                              cache.data[:1], plan)
             return h.view(B, T, -1)
         if plan is None:
             plan = attention_plan(tokens.shape, cache, tree_mask, tokens.device)

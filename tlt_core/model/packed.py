@@ -41,8 +41,10 @@ from torch import nn
 
 import tlt_core.ops as ops
 from tlt_core.model.attention_plan import AttentionPlan, attention_plan
-from tlt_core.model.weight_layout import (PackedMatrix, PanelWeight, choose_layout, matmul,
-                                         pack_matrix)
+from tlt_core.model.weight_layout import (PANEL_MAX_ROWS, PackedMatrix, PanelWeight,
+                                         choose_layout, matmul, pack_matrix)
+from tlt_core.ops.decoder_layers import DecoderLayers, DecoderLayerWeights, DecoderShape
+from tlt_core.ops.panel_matmul import panel_shape
 from tlt_core.ops.rms_norm import launch as launch_rms_norm
 from tlt_core.ops.silu_mul import launch as launch_silu_mul
 
@@ -149,6 +151,9 @@ class PackedLayers:
         # pointers and versions costs ~0.4 ms, 4% of its one-token pass (~40 us when warm).
         self.held = False
         self.rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin_signed
+        # decoder_kernel's, and the pack it was built from
+        self._kernel: DecoderLayers | None = None
+        self._kernel_of: list[PackedLayer] | None = None
 
     def __deepcopy__(self, memo) -> PackedLayers:
         """An empty pack reading the copied owner's layers (the callables are bound methods,
@@ -206,12 +211,51 @@ class PackedLayers:
         self.packed, self.key = fresh, self._key()
         return self.packed
 
+    def decoder_kernel(self) -> DecoderLayers | None:
+        """The pack as one tlt_core.ops.decoder_layers call, or None where some layer is not
+        bf16 panels with its own RMSNorms and no q/k norm; built once per pack."""
+        packed = self.get()
+        if self._kernel_of is not packed:
+            self._kernel_of, self._kernel = packed, _decoder_kernel(packed, self.config)
+        return self._kernel
+
     def copy_bytes(self) -> int:
         """Memory the pack takes beyond the parameters (0 for the views layout)."""
         if self.layout == "views":
             return 0
         return sum(_nbytes(getattr(packed, name)) for packed in self.packed
                    for name in ("qkv", "o", "gate_up", "down"))
+
+
+def _decoder_kernel(packed: list[PackedLayer], config) -> DecoderLayers | None:
+    H, d, I = config.hidden_size, config.head_dim, config.intermediate_size
+    H_q, H_kv = config.num_heads, config.num_kv_heads
+    sizes = (((H_q + 2 * H_kv) * d, H), (H, H_q * d), (2 * I, H), (H, I))  # (out, in) each
+
+    def fits(weight, out_features: int, in_features: int) -> bool:
+        return (isinstance(weight, PanelWeight) and weight.panels.dtype == torch.bfloat16
+                and weight.panels.device.type == "cpu" and weight.out_features == out_features
+                and weight.panels.shape == panel_shape(out_features, in_features,
+                                                       weight.panels.dim() == 4))
+
+    def eligible(layer: PackedLayer) -> bool:
+        products = (layer.qkv, layer.o, layer.gate_up, layer.down)
+        norms = (layer.input_norm, layer.post_attention_norm)
+        return (layer.layout == "panels" and layer.qk_norm is None
+                and all(fits(w, *size) for w, size in zip(products, sizes))
+                and all(isinstance(getattr(norm, "weight", None), torch.Tensor)
+                        and norm.weight.dtype == torch.bfloat16 and hasattr(norm, "eps")
+                        for norm in norms))
+
+    if not packed or not all(eligible(layer) for layer in packed):
+        return None
+    shape = DecoderShape(H, H_q, H_kv, d, I)
+    return DecoderLayers(shape, [DecoderLayerWeights(
+        input_norm=layer.input_norm.weight.detach(), input_eps=layer.input_norm.eps,
+        qkv=layer.qkv.panels, qkv_bias=layer.qkv_bias, o=layer.o.panels, o_bias=layer.o_bias,
+        post_attention_norm=layer.post_attention_norm.weight.detach(),
+        post_attention_eps=layer.post_attention_norm.eps, gate_up=layer.gate_up.panels,
+        down=layer.down.panels) for layer in packed])
 
 
 def _refresh_in_place(old: list[PackedLayer], fresh: list[PackedLayer],
@@ -296,15 +340,28 @@ SILU_MUL_KERNEL = True
 RMS_NORM_KERNEL = True
 
 
+# False: the layers one kernel call at a time from Python on the CPU too (tlt_core.ops.
+# decoder_layers calls the same kernels in the same order: the same bits)
+DECODER_LAYERS_KERNEL = True
+
+
 def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, rotary: nn.Module,
-               cache_layers: Sequence[torch.Tensor], plan: AttentionPlan,
+               cache: torch.Tensor, plan: AttentionPlan,
                hidden_layers: Sequence[int] = ()) -> tuple[torch.Tensor, dict]:
-    """The packed layers over h (B T, H) at positions (B, T); cache_layers[i] is layer i's
-    (2, B, H_kv, T_max, d) K/V. Returns (output (B T, H), {layer: (B, T, H) output})."""
+    """The packed layers over h (B T, H) at positions (B, T); cache[i] is layer i's (2, B,
+    H_kv, T_max, d) K/V. Returns (output (B T, H), {layer: (B, T, H) output}); h itself may be
+    overwritten."""
     config = layers.config
     (B, T), d = positions.shape, config.head_dim
     H_q, H_kv, half = config.num_heads, config.num_kv_heads, config.head_dim // 2
-    cache_dtype = cache_layers[0].dtype
+    cache_dtype = cache.dtype
+    kernel = layers.decoder_kernel() if _whole_pass_kernel(h, cache, B * T) else None
+    if kernel is not None:  # bf16 panels on the CPU: every layer in one call
+        layers.reserve_rope(rotary, plan.read_len, h.dtype, h.device)
+        cos_table, sin_table = (table[:, 0] for table in layers.rope_tables)  # (P, d) each
+        h, saved = kernel(h, positions.contiguous(), plan.write_slots.contiguous(), cache,
+                          cos_table, sin_table, plan.mask, plan.read_len, hidden_layers)
+        return h, {index: out.view(B, T, -1) for index, out in saved.items()}
     same_dtype = cache_dtype == h.dtype  # skip .to() calls: each costs a dispatch
     # On the CPU one kernel call per layer does RoPE, the K/V write and q's layout for
     # attention (tlt_core.ops.rope), set up once for the pass; elsewhere the same math in
@@ -338,7 +395,7 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
         if packed.qk_norm is not None:
             qkv[:, :, :H_q + H_kv] = F.rms_norm(qkv[:, :, :H_q + H_kv], (d,),
                                                 eps=config.rms_norm_eps) * packed.qk_norm
-        layer_kv = cache_layers[index]  # (2, B, H_kv, T_max, d)
+        layer_kv = cache[index]  # (2, B, H_kv, T_max, d)
         if fused:
             write_rope_kv(qkv, layer_kv)  # q: (B, H_q, T, d), cache dtype
         else:
@@ -382,6 +439,15 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
         if index in hidden_layers:
             saved[index] = h.view(B, T, -1)
     return h, saved
+
+
+def _whole_pass_kernel(h: torch.Tensor, cache: torch.Tensor, rows: int) -> bool:
+    """Whether a pass may run as tlt_core.ops.decoder_layers: bf16 on the CPU over the float32
+    cache, each kernel the layers call switched on, at most PANEL_MAX_ROWS rows (wider products
+    go to the wide pack)."""
+    return (DECODER_LAYERS_KERNEL and ROPE_KV_KERNEL and ATTENTION_KERNEL and RMS_NORM_KERNEL
+            and SILU_MUL_KERNEL and h.dtype == torch.bfloat16 and h.device.type == "cpu"
+            and cache.dtype == torch.float32 and rows <= PANEL_MAX_ROWS)
 
 
 def _joined_matmul(x: torch.Tensor, weights: torch.Tensor | tuple[torch.Tensor, ...],
@@ -457,8 +523,7 @@ class PackedDecoder:
         B, T = input_ids.shape
         plan = plan_for(input_ids, cache, tree_mask, read_len)
         h = F.embedding(input_ids.reshape(B * T), stack.embed_tokens.weight)  # (B T, H)
-        cache_layers = [cache.data[i] for i in range(model.config.num_layers)]
-        h, saved = run_layers(self.layers, h, positions, stack.rotary_emb, cache_layers, plan,
+        h, saved = run_layers(self.layers, h, positions, stack.rotary_emb, cache.data, plan,
                               hidden_layers)
         if logit_index is not None:  # only the positions used: (B P, H) instead of (B T, H)
             rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)

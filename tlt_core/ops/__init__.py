@@ -36,12 +36,14 @@ from tlt_core.ops.rms_norm import add_rms_norm
 from tlt_core.ops.rope import RopeKVWriter, rope_kv_write
 from tlt_core.ops.silu_mul import silu_mul
 from tlt_core.ops.draft_sample import sample_draft
+from tlt_core.ops.decoder_layers import DecoderLayers
 
 __all__ = [
     "DraftTree", "TreeMetadata", "VerifyOutput", "select_tree", "tree_metadata",
     "unpack_tree_mask", "verify_tree_greedy", "verify_tree_sampling", "compact_kv_",
     "philox_uniforms", "rope_kv_write", "RopeKVWriter", "add_rms_norm", "pack_panels",
     "panel_matmul", "decode_attention", "DecodeAttention", "silu_mul", "sample_draft",
+    "DecoderLayers",
     "built_with_cuda", "MIN_TEMPERATURE",
 ]
 

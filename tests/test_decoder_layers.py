@@ -1,0 +1,251 @@
+"""A bf16 model's decoder layers in one kernel call (tlt_core.ops.decoder_layers,
+csrc/include/tlt/decoder_layers.h): the same bits as its kernels called one by one (the ops, and
+the model's packed pass with the whole-pass kernel off), hidden states included; which passes
+take it; bad input named, with nothing written."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+import tlt_core.model.packed as packed
+import tlt_core.ops as ops
+from tlt_core.drafting.tree import Strategy
+from tlt_core.model.kv_cache import CacheShape, KVCache
+from tlt_core.model.transformer import ModelConfig, Transformer
+from tlt_core.ops.decoder_layers import DecoderLayers, DecoderLayerWeights, DecoderShape
+from tests.pass_kernel_flags import assert_engine_decodes_alike
+
+BF16 = torch.bfloat16
+
+
+def random_layers(shape: DecoderShape, num_layers: int, g: torch.Generator, *, pairs: bool,
+                  bias: bool) -> list[DecoderLayerWeights]:
+    H, d, I = shape.hidden, shape.head_dim, shape.intermediate
+    qkv_width = (shape.q_heads + 2 * shape.kv_heads) * d
+
+    def matrix(out_features: int, in_features: int) -> torch.Tensor:
+        weight = torch.randn(out_features, in_features, generator=g) / in_features ** 0.5
+        return ops.pack_panels(weight.to(BF16), pairs=pairs)
+
+    def vector(size: int, centre: float = 0.0) -> torch.Tensor:
+        return (centre + 0.3 * torch.randn(size, generator=g)).to(BF16)
+
+    return [DecoderLayerWeights(
+        input_norm=vector(H, 1.0), input_eps=1e-6, qkv=matrix(qkv_width, H),
+        qkv_bias=vector(qkv_width) if bias else None, o=matrix(H, shape.q_heads * d),
+        o_bias=vector(H) if bias else None, post_attention_norm=vector(H, 1.0),
+        post_attention_eps=1e-5, gate_up=matrix(2 * I, H), down=matrix(H, I))
+        for _ in range(num_layers)]
+
+
+def one_by_one(layers, shape: DecoderShape, h, positions, slots, cache, cos, sin_signed, mask,
+               read_len, saved_layers):
+    """What DecoderLayers promises to equal: its kernels through the public ops."""
+    B, T = positions.shape
+    saved = {}
+    for index, layer in enumerate(layers):
+        h, x = ops.add_rms_norm(h, None, layer.input_norm, layer.input_eps)
+        heads = shape.q_heads + 2 * shape.kv_heads
+        qkv = ops.panel_matmul(x, layer.qkv, heads * shape.head_dim, layer.qkv_bias)
+        q = torch.empty(B, shape.q_heads, T, shape.head_dim)
+        ops.rope_kv_write(qkv.view(B, T, heads, shape.head_dim), cos, sin_signed, positions, slots,
+                          cache[index], q)
+        attended = ops.decode_attention(q, cache[index], read_len, mask, BF16)
+        h = ops.panel_matmul(attended, layer.o, shape.hidden, layer.o_bias, addend=h)
+        h, x = ops.add_rms_norm(h, None, layer.post_attention_norm, layer.post_attention_eps)
+        act = ops.silu_mul(ops.panel_matmul(x, layer.gate_up, 2 * shape.intermediate))
+        h = ops.panel_matmul(act, layer.down, shape.hidden, addend=h)
+        if index in saved_layers:
+            saved[index] = h.clone()
+    return h, saved
+
+
+def a_pass(seed: int, *, batch: int, tokens: int, masked: bool, q_heads: int = 4,
+           kv_heads: int = 2):
+    """Random inputs of a pass over a cache holding 9-12 committed slots a row."""
+    g = torch.Generator().manual_seed(seed)
+    shape = DecoderShape(hidden=40, q_heads=q_heads, kv_heads=kv_heads, head_dim=8,
+                         intermediate=56)
+    max_len, table_len = 24, 32
+    lengths = torch.randint(9, 13, (batch,), generator=g)
+    positions = (lengths[:, None] + torch.arange(tokens)).contiguous()
+    slots = positions.clone()
+    read_len = (int(lengths.max()) if batch else 9) + tokens
+    mask = None
+    if masked:  # each row its own prefix and its new tokens causally
+        seen = torch.arange(read_len)[None, None, :] <= positions[:, :, None]
+        mask = seen[:, None]  # (B, 1, T, S)
+    angles = torch.arange(table_len)[:, None] * 0.1 * torch.arange(1, shape.head_dim + 1)
+    cos, sin = angles.cos().to(BF16), angles.sin().to(BF16)
+    cache = torch.randn(3, 2, batch + 1, kv_heads, max_len, shape.head_dim, generator=g)
+    h = torch.randn(batch * tokens, shape.hidden, generator=g).to(BF16)
+    return g, shape, dict(h=h, positions=positions, slots=slots, cache=cache[:, :, :batch],
+                          cos=cos, sin_signed=sin, mask=mask, read_len=read_len)
+
+
+@pytest.mark.parametrize("batch,tokens,masked,pairs,bias", [
+    (1, 1, False, True, False), (1, 1, False, False, True), (2, 3, True, True, True),
+    (3, 1, True, False, False), (1, 5, True, True, False), (0, 1, False, True, False)])
+def test_one_call_is_its_kernels_one_by_one_bit_for_bit(batch, tokens, masked, pairs, bias):
+    g, shape, args = a_pass(batch * 10 + tokens, batch=batch, tokens=tokens, masked=masked)
+    layers = random_layers(shape, 3, g, pairs=pairs, bias=bias)
+    want_args = {**args, "h": args["h"].clone(), "cache": args["cache"].clone()}
+    want_h, want_saved = one_by_one(layers, shape, **want_args, saved_layers=(0, 2))
+    h, saved = DecoderLayers(shape, layers)(**args, saved_layers=[0, 2])
+    assert h.data_ptr() == args["h"].data_ptr()  # in place
+    assert torch.equal(h.view(torch.int16), want_h.view(torch.int16))
+    assert saved.keys() == {0, 2}
+    for index in saved:
+        assert torch.equal(saved[index].view(torch.int16), want_saved[index].view(torch.int16))
+    assert torch.equal(args["cache"], want_args["cache"])  # the same K and V written
+
+
+def test_a_cache_with_more_layers_than_the_stack_uses_its_first():
+    g, shape, args = a_pass(5, batch=2, tokens=2, masked=True)
+    layers = random_layers(shape, 2, g, pairs=True, bias=False)
+    before = args["cache"].clone()
+    DecoderLayers(shape, layers)(**args)
+    assert torch.equal(args["cache"][2], before[2])
+    assert not torch.equal(args["cache"][:2], before[:2])
+
+
+def test_grouped_and_multi_head_attention():
+    for q_heads, kv_heads in ((3, 1), (2, 2)):
+        g, shape, args = a_pass(7, batch=2, tokens=2, masked=True, q_heads=q_heads,
+                                kv_heads=kv_heads)
+        layers = random_layers(shape, 1, g, pairs=False, bias=True)
+        want_args = {**args, "h": args["h"].clone(), "cache": args["cache"].clone()}
+        want_h, _ = one_by_one(layers, shape, **want_args, saved_layers=())
+        h, _ = DecoderLayers(shape, layers)(**args)
+        assert torch.equal(h.view(torch.int16), want_h.view(torch.int16))
+
+
+def bad_call(name: str, args: dict) -> dict:
+    args = dict(args)
+    if name == "h":
+        args["h"] = args["h"].float()
+    elif name == "positions":
+        args["positions"] = args["positions"].int()
+    elif name == "slots":
+        args["slots"] = args["slots"] + 100  # past max_len: the kernel's own check
+    elif name == "cos":
+        args["cos"] = args["cos"][:, :4].contiguous()
+    elif name == "sin_signed":
+        args["sin_signed"] = args["sin_signed"][:5].contiguous()
+    elif name == "cache":
+        args["cache"] = args["cache"].to(BF16)
+    elif name == "read_len":
+        args["read_len"] = 1000
+    elif name == "mask":
+        args["mask"] = torch.ones(1, 1, 1, 3, dtype=torch.bool)
+    elif name == "saved_layers":
+        args["saved_layers"] = [3]
+    return args
+
+
+@pytest.mark.parametrize("name", ["h", "positions", "slots", "cos", "sin_signed", "cache",
+                                  "read_len", "mask", "saved_layers"])
+def test_bad_input_is_named_and_nothing_is_written(name):
+    g, shape, args = a_pass(11, batch=2, tokens=2, masked=True)
+    layers = DecoderLayers(shape, random_layers(shape, 2, g, pairs=True, bias=False))
+    args = bad_call(name, args)
+    h, cache = args["h"].clone(), args["cache"].clone()
+    with pytest.raises(ValueError, match=f"^{name}"):
+        layers(**args)
+    assert torch.equal(args["h"], h) and torch.equal(args["cache"], cache)
+
+
+def test_bad_weights_are_named():
+    g = torch.Generator().manual_seed(1)
+    shape = DecoderShape(hidden=16, q_heads=2, kv_heads=1, head_dim=8, intermediate=24)
+    layer = random_layers(shape, 1, g, pairs=True, bias=False)[0]
+    for field, value in (("qkv", layer.o), ("down", layer.down.float()),
+                         ("input_norm", layer.input_norm[:8]),
+                         ("o_bias", torch.ones(3, dtype=BF16)),
+                         ("post_attention_eps", -1.0)):
+        with pytest.raises(ValueError, match=r"^layers\[0\]\." + field):
+            DecoderLayers(shape, [dataclasses.replace(layer, **{field: value})])
+    with pytest.raises(ValueError, match="^shape"):
+        DecoderLayers(DecoderShape(16, 3, 2, 8, 24), [layer])
+
+
+# ---- through the model ------------------------------------------------------------------------
+
+def bf16_model(**config) -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
+                                    num_layers=3, num_heads=6, num_kv_heads=2, head_dim=8,
+                                    **config)).eval().to(BF16)
+    model.inference_layout = "panels"
+    return model
+
+
+def passes(model: Transformer, kernel: bool, monkeypatch, tree_mask=None):
+    """Logits and hidden states of a prefill, then of passes of 1 and 3 new tokens over rows of
+    unequal lengths, with the whole-pass kernel on or off."""
+    monkeypatch.setattr(packed, "DECODER_LAYERS_KERNEL", kernel)
+    g = torch.Generator().manual_seed(2)
+    config = model.config
+    cache = KVCache(CacheShape(config.num_layers, 2, config.num_kv_heads, 40, config.head_dim),
+                    dtype=torch.float32)
+    outputs = []
+    with torch.no_grad():
+        prompt = torch.randint(0, config.vocab_size, (2, 11), generator=g)
+        outputs.append(model.step(prompt, torch.arange(11).expand(2, 11), cache,
+                                  hidden_layers=[1]))
+        cache.set_lengths(torch.tensor([11, 7]))  # unequal rows: a mask
+        for tokens in (1, 3):
+            new = torch.randint(0, config.vocab_size, (2, tokens), generator=g)
+            positions = cache.lengths[:, None] + torch.arange(tokens)
+            mask = None if tokens == 1 else tree_mask
+            outputs.append(model.step(new, positions, cache, tree_mask=mask,
+                                      hidden_layers=[0, 2]))
+            cache.set_lengths(cache.lengths + tokens)
+    return outputs
+
+
+@pytest.mark.parametrize("config", [{}, {"family": "llama", "attention_bias": True},
+                                    {"family": "qwen2", "attention_bias": True}], ids=str)
+def test_the_packed_pass_is_the_same_bits_with_and_without_it(config, monkeypatch):
+    model = bf16_model(**config)
+    assert model._decoder.layers.decoder_kernel() is not None
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two branches
+    for tree_mask in (None, tree.expand(2, 3, 3)):
+        fused, one_by_one_ = (passes(model, kernel, monkeypatch, tree_mask)
+                              for kernel in (True, False))
+        for a, b in zip(fused, one_by_one_):
+            assert torch.equal(a.logits, b.logits)
+            assert len(a.hidden_states) == len(b.hidden_states)
+            for x, y in zip(a.hidden_states, b.hidden_states):
+                assert torch.equal(x, y)
+
+
+def test_passes_it_cannot_run_go_one_by_one(monkeypatch):
+    qwen3 = bf16_model(family="qwen3", qk_norm=True)
+    assert qwen3._decoder.layers.decoder_kernel() is None  # per-head q/k norms: not in the kernel
+    passes(qwen3, True, monkeypatch)
+    float32 = bf16_model().float()
+    float32.inference_layout = "panels"
+    assert float32._decoder.layers.decoder_kernel() is None  # folded norms
+
+
+def test_a_pack_rebuilt_after_a_weight_change_gets_a_new_kernel():
+    model = bf16_model()
+    first = model._decoder.layers.decoder_kernel()
+    assert model._decoder.layers.decoder_kernel() is first
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(2)
+    assert model._decoder.layers.decoder_kernel() is not first
+
+
+@pytest.mark.parametrize("plan", [None, Strategy(4, 1, 5)], ids=str)
+def test_an_engine_decodes_bf16_bit_for_bit_through_it(target, drafter, plan, monkeypatch):
+    """Prefill, plain steps, the drafter's levels and verification, at T = 0 and T = 1."""
+    target = copy.deepcopy(target)
+    target.inference_layout = "panels"
+    assert_engine_decodes_alike(target, drafter, plan, "DECODER_LAYERS_KERNEL", monkeypatch,
+                                dtype=BF16, atol=0)
