@@ -8,7 +8,9 @@ counts. A row reports generated tokens per second for each, ratio = ours / trans
 rooflines of a decoding step at that batch, from this machine's measured rates:
 
 - bandwidth: every weight read once per step (the decoder layers and the LM head; the KV cache
-  at these lengths is under 1% of it) over the measured read bandwidth (a large `sum`);
+  at these lengths is under 1% of it) over the measured read bandwidth (a large `sum`, of the
+  dtype or of float32 over the same bytes, whichever reads faster; the best before the rows
+  and between each row's reps, since a shared machine's rate moves);
 - compute: 2 FLOPs per weight per row over the measured matmul rate (a large matmul in the
   dtype; on a CPU, the faster of that and float32's: a CPU without bfloat16 instructions
   multiplies bfloat16 weights by widening them to float32, which is what its roof is).
@@ -76,23 +78,43 @@ class EngineCase:
     roofline_share: float
     new_tokens: int
     prompt_len: int
+    read_gb_s: float  # the read bandwidth the row's roofline is from
 
 
-def measure_rates(dtype: torch.dtype, device: torch.device, reps: int = 5) -> MachineRates:
+class ReadProbe:
+    """Times a read of a buffer past every cache: the same bytes summed as the dtype and as
+    float32, the faster counting (a bfloat16 sum widens every element and can run below the
+    memory's rate: 66.7 against 83.9 GB/s on a 2-core Zen 5, which would put the roof under what
+    the decode itself reads)."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        big = torch.ones(1 << 30 if device.type == "cuda" else 256 << 20, dtype=torch.uint8,
+                         device=device)
+        self.nbytes, self.device = big.nbytes, device
+        self._sums = [big.view(dtype).sum, big.view(torch.float32).sum]
+        for total in self._sums:  # untimed: first-call costs
+            total()
+
+    def gb_s(self) -> float:
+        """The faster of one read each way, in GB/s."""
+        return self.nbytes / min(_timed(total, self.device) for total in self._sums) / 1e9
+
+
+def measure_rates(dtype: torch.dtype, device: torch.device, reps: int = 5,
+                  probe: ReadProbe | None = None) -> MachineRates:
     """The device's read bandwidth and matmul rate, best of `reps` (see the module docstring)."""
-    big = torch.ones(1 << 30 if device.type == "cuda" else 256 << 20, dtype=torch.uint8,
-                     device=device).view(dtype)  # past every cache
+    probe = probe or ReadProbe(dtype, device)
     size = 8192 if device.type == "cuda" else 2048
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
-    big.sum(), torch.mm(a, b)  # untimed: first-call costs
-    read = min(_timed(big.sum, device) for _ in range(reps))
+    torch.mm(a, b)  # untimed: first-call costs
+    read_gb_s = max(probe.gb_s() for _ in range(reps))
     matmul = min(_timed(lambda: torch.mm(a, b), device) for _ in range(reps))
     if device.type == "cpu" and dtype != torch.float32:
         a, b = a.float(), b.float()
         torch.mm(a, b)
         matmul = min([matmul] + [_timed(lambda: torch.mm(a, b), device) for _ in range(reps)])
-    return MachineRates(big.nbytes / read / 1e9, 2 * size ** 3 / matmul / 1e12)
+    return MachineRates(read_gb_s, 2 * size ** 3 / matmul / 1e12)
 
 
 def weights_read_per_step(model: torch.nn.Module) -> tuple[int, int]:
@@ -123,7 +145,8 @@ def run(model: torch.nn.Module, *, folder: str | Path | None = None, batches=(1,
             save_checkpoint(model, scratch)
         hf_model = AutoModelForCausalLM.from_pretrained(folder or scratch, dtype=dtype)
     hf_model = hf_model.to(device).eval()
-    rates = measure_rates(dtype, device)
+    probe = ReadProbe(dtype, device)
+    rates = measure_rates(dtype, device, probe=probe)
     weight_bytes, weight_elements = weights_read_per_step(model)
     kind = str(dtype)[6:] + (" (or float32's, if faster)" if device.type == "cpu"
                              and dtype != torch.float32 else "")
@@ -151,15 +174,18 @@ def run(model: torch.nn.Module, *, folder: str | Path | None = None, batches=(1,
 
         ours(), hf()  # untimed: one-time costs (kernel compilation per shape, packing)
         ours_s = hf_s = float("inf")
+        read_gb_s = rates.read_gb_s  # and read again between reps: the machine's rate moves
         for _ in range(reps):  # alternating, so both see the same machine
             ours_s = min(ours_s, _timed(ours, device))
             hf_s = min(hf_s, _timed(hf, device))
+            read_gb_s = max(read_gb_s, probe.gb_s())
         tokens = batch * new_tokens
-        bandwidth = batch / (weight_bytes / (rates.read_gb_s * 1e9))
+        bandwidth = batch / (weight_bytes / (read_gb_s * 1e9))
         compute = batch / (2 * weight_elements * batch / (rates.matmul_tflop_s * 1e12))
         case = EngineCase(batch, str(dtype).removeprefix("torch."), tokens / ours_s,
                           tokens / hf_s, hf_s / ours_s, bandwidth, compute,
-                          tokens / ours_s / min(bandwidth, compute), new_tokens, prompt_len)
+                          tokens / ours_s / min(bandwidth, compute), new_tokens, prompt_len,
+                          read_gb_s)
         progress(format_table([case], header=not results))
         results.append(case)
     return results
