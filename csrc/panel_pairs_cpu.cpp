@@ -31,10 +31,11 @@ namespace {
 // Up to this many rows share a pass over the panels; 8 rows by 3 panels keeps 24 products in
 // flight, enough to cover the instruction's latency at two a cycle.
 constexpr int kRowGroup = 8;
-// From 5 rows on, a row group's dot products are enough to delay the memory stream, so the
+// From 2 rows on, a row group's dot products are enough to delay the memory stream, so the
 // lines this many pairs ahead (1 KB) are prefetched (SmolLM2's layers, 2 Zen 5 cores, in a
-// scratch loop: 1.10x at 8 rows, 1.12x at 16; at one row it cost 3%).
-constexpr int kPrefetchFromRows = 5;
+// scratch loop: 1.10x at 8 rows, 1.12x at 16; bench/panel_layers.py, two builds alternated five
+// times: 1.04x at 2 rows, 1.09x at 3, where 5 rows was the threshold; at one row it cost 3%).
+constexpr int kPrefetchFromRows = 2;
 constexpr int64_t kPrefetchPairs = 16;
 // One claimed unit of work: up to 12 panels, a whole number of blocks of 3 or 4 (221-590 KB at
 // SmolLM2's K 576-1536, so a task's later row groups find them in L2), and at least 8 tasks a
