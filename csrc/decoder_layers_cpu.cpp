@@ -38,7 +38,6 @@ void check_weight(const PanelWeightBf16& w, int64_t out_features, const char* na
 
 void check_layer(const DecoderLayerBf16& layer, const DecoderStep& s) {
   const int64_t qkv_width = (s.q_heads + 2 * s.kv_heads) * s.head_dim;
-  cpu::require(layer.input_norm != nullptr, "input_norm", "is null");
   cpu::require(layer.post_attention_norm != nullptr, "post_attention_norm", "is null");
   cpu::require(layer.input_eps >= 0.f && layer.post_attention_eps >= 0.f, "eps",
                "must be >= 0");
@@ -98,9 +97,13 @@ void decoder_layers_bf16_cpu(const DecoderLayerBf16* layers, int64_t num_layers,
     const DecoderLayerBf16& layer = layers[index];
     float* keys = s.cache + index * s.layer_stride;
     float* values = keys + s.plane_stride;
-    add_rms_norm_bf16_cpu(h, nullptr, layer.input_norm, rows, H, layer.input_eps, h,
-                          work.normed.data());
-    product(work.normed.data(), rows, H, layer.qkv, nullptr, work.qkv.data());
+    const uint16_t* x = h;
+    if (layer.input_norm != nullptr) {
+      add_rms_norm_bf16_cpu(h, nullptr, layer.input_norm, rows, H, layer.input_eps, h,
+                            work.normed.data());
+      x = work.normed.data();
+    }
+    product(x, rows, H, layer.qkv, nullptr, work.qkv.data());
     rope_kv_write_cpu(work.qkv.data(), FloatType::kBFloat16, s.batch, s.tokens, s.q_heads,
                       s.kv_heads, d, s.cos, s.sin_signed, s.table_len, s.positions, s.slots,
                       keys, values, FloatType::kFloat32, s.row_stride, s.head_stride, s.max_len,

@@ -13,6 +13,7 @@ import torch
 
 import tlt_core.model.packed as packed
 import tlt_core.ops as ops
+from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.tree import Strategy
 from tlt_core.model.kv_cache import CacheShape, KVCache
 from tlt_core.model.transformer import ModelConfig, Transformer
@@ -48,7 +49,9 @@ def one_by_one(layers, shape: DecoderShape, h, positions, slots, cache, cos, sin
     B, T = positions.shape
     saved = {}
     for index, layer in enumerate(layers):
-        h, x = ops.add_rms_norm(h, None, layer.input_norm, layer.input_eps)
+        x = h
+        if layer.input_norm is not None:
+            h, x = ops.add_rms_norm(h, None, layer.input_norm, layer.input_eps)
         heads = shape.q_heads + 2 * shape.kv_heads
         qkv = ops.panel_matmul(x, layer.qkv, heads * shape.head_dim, layer.qkv_bias)
         q = torch.empty(B, shape.q_heads, T, shape.head_dim)
@@ -102,6 +105,18 @@ def test_one_call_is_its_kernels_one_by_one_bit_for_bit(batch, tokens, masked, p
     for index in saved:
         assert torch.equal(saved[index].view(torch.int16), want_saved[index].view(torch.int16))
     assert torch.equal(args["cache"], want_args["cache"])  # the same K and V written
+
+
+def test_a_layer_without_an_input_norm_multiplies_h_itself():
+    """EAGLE's drafter layer (its input norm an Identity)."""
+    g, shape, args = a_pass(3, batch=2, tokens=3, masked=True)
+    layers = [dataclasses.replace(layer, input_norm=None)
+              for layer in random_layers(shape, 2, g, pairs=True, bias=True)]
+    want_args = {**args, "h": args["h"].clone(), "cache": args["cache"].clone()}
+    want_h, _ = one_by_one(layers, shape, **want_args, saved_layers=())
+    h, _ = DecoderLayers(shape, layers)(**args)
+    assert torch.equal(h.view(torch.int16), want_h.view(torch.int16))
+    assert torch.equal(args["cache"], want_args["cache"])
 
 
 def test_a_cache_with_more_layers_than_the_stack_uses_its_first():
@@ -244,8 +259,14 @@ def test_a_pack_rebuilt_after_a_weight_change_gets_a_new_kernel():
 
 @pytest.mark.parametrize("plan", [None, Strategy(4, 1, 5)], ids=str)
 def test_an_engine_decodes_bf16_bit_for_bit_through_it(target, drafter, plan, monkeypatch):
-    """Prefill, plain steps, the drafter's levels and verification, at T = 0 and T = 1."""
+    """Prefill, plain steps, the drafter's levels and verification, at T = 0 and T = 1; the
+    drafter's layer (EAGLE's: no input norm) through the kernel too."""
     target = copy.deepcopy(target)
     target.inference_layout = "panels"
+    bf16_drafter = Drafter(copy.deepcopy(target).to(BF16), drafter.config)
+    bf16_drafter.load_state_dict(drafter.state_dict())
+    assert isinstance(bf16_drafter.layer.input_layernorm, torch.nn.Identity)
+    bf16_drafter._packed.requested_layout = lambda: "panels"  # "auto" may pick oneDNN's
+    assert bf16_drafter._packed.decoder_kernel() is not None
     assert_engine_decodes_alike(target, drafter, plan, "DECODER_LAYERS_KERNEL", monkeypatch,
                                 dtype=BF16, atol=0)

@@ -213,7 +213,8 @@ class PackedLayers:
 
     def decoder_kernel(self) -> DecoderLayers | None:
         """The pack as one tlt_core.ops.decoder_layers call, or None where some layer is not
-        bf16 panels with its own RMSNorms and no q/k norm; built once per pack."""
+        bf16 panels with its own RMSNorms (or no input norm) and no q/k norm; built once per
+        pack."""
         packed = self.get()
         if self._kernel_of is not packed:
             self._kernel_of, self._kernel = packed, _decoder_kernel(packed, self.config)
@@ -240,7 +241,8 @@ def _decoder_kernel(packed: list[PackedLayer], config) -> DecoderLayers | None:
 
     def eligible(layer: PackedLayer) -> bool:
         products = (layer.qkv, layer.o, layer.gate_up, layer.down)
-        norms = (layer.input_norm, layer.post_attention_norm)
+        norms = (layer.post_attention_norm,) + (
+            () if isinstance(layer.input_norm, nn.Identity) else (layer.input_norm,))
         return (layer.layout == "panels" and layer.qk_norm is None
                 and all(fits(w, *size) for w, size in zip(products, sizes))
                 and all(isinstance(getattr(norm, "weight", None), torch.Tensor)
@@ -251,7 +253,9 @@ def _decoder_kernel(packed: list[PackedLayer], config) -> DecoderLayers | None:
         return None
     shape = DecoderShape(H, H_q, H_kv, d, I)
     return DecoderLayers(shape, [DecoderLayerWeights(
-        input_norm=layer.input_norm.weight.detach(), input_eps=layer.input_norm.eps,
+        input_norm=None if isinstance(layer.input_norm, nn.Identity)
+        else layer.input_norm.weight.detach(),
+        input_eps=getattr(layer.input_norm, "eps", 0.0),
         qkv=layer.qkv.panels, qkv_bias=layer.qkv_bias, o=layer.o.panels, o_bias=layer.o_bias,
         post_attention_norm=layer.post_attention_norm.weight.detach(),
         post_attention_eps=layer.post_attention_norm.eps, gate_up=layer.gate_up.panels,

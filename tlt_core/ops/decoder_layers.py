@@ -27,9 +27,10 @@ from tlt_core.ops.panel_matmul import panel_shape
 @dataclass(frozen=True)
 class DecoderLayerWeights:
     """One layer's bfloat16 CPU weights: RMSNorm weights (H,), products packed by pack_panels
-    (either layout), biases (N,) or None."""
+    (either layout), biases (N,) or None. input_norm None: the layer has none (EAGLE's drafter
+    layer), its q|k|v product reads h itself."""
 
-    input_norm: torch.Tensor
+    input_norm: torch.Tensor | None
     input_eps: float
     qkv: torch.Tensor  # H -> (H_q + 2 H_kv) d
     qkv_bias: torch.Tensor | None
@@ -68,13 +69,15 @@ class DecoderLayers:
         for index, layer in enumerate(self._held):
             where = f"layers[{index}]"
             for name in ("input_norm", "post_attention_norm"):
-                _check(getattr(layer, name), f"{where}.{name}", (H,))
+                if name == "post_attention_norm" or layer.input_norm is not None:
+                    _check(getattr(layer, name), f"{where}.{name}", (H,))
             for name in ("input_eps", "post_attention_eps"):
                 eps = getattr(layer, name)
                 if not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
                     raise ValueError(f"{where}.{name}: must be a finite number >= 0, got {eps!r}")
             self._kernel.add_layer(
-                layer.input_norm.data_ptr(), float(layer.input_eps),
+                0 if layer.input_norm is None else layer.input_norm.data_ptr(),
+                float(layer.input_eps),
                 _weight(layer.qkv, layer.qkv_bias, qkv_width, H, f"{where}.qkv"),
                 _weight(layer.o, layer.o_bias, H, shape.q_heads * d, f"{where}.o"),
                 layer.post_attention_norm.data_ptr(), float(layer.post_attention_eps),

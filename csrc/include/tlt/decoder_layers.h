@@ -36,7 +36,7 @@ struct PanelWeightBf16 {
 };
 
 struct DecoderLayerBf16 {
-  const uint16_t* input_norm;  // [H] RMSNorm weight
+  const uint16_t* input_norm;  // [H] RMSNorm weight, or null: none (x = h; EAGLE's drafter)
   float input_eps;
   PanelWeightBf16 qkv;         // H -> (H_q + 2 H_kv) d
   PanelWeightBf16 o;           // H_q d -> H
