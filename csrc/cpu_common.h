@@ -19,6 +19,14 @@ inline bool has_avx2_fma() {
   return supported;
 }
 
+// Whether this CPU has AVX-512 F, DQ and VL (sixteen float lanes, 32 vector registers).
+inline bool has_avx512f_dq_vl() {
+  static const bool supported = __builtin_cpu_supports("avx512f") &&
+                                __builtin_cpu_supports("avx512dq") &&
+                                __builtin_cpu_supports("avx512vl");
+  return supported;
+}
+
 // Whether this CPU has AVX512-BF16 (VDPBF16PS), the instruction of the bfloat16 pairs product.
 inline bool has_avx512_bf16() {
   static const bool supported =

@@ -77,6 +77,21 @@ def test_a_query_in_a_wide_pass_gets_the_bits_it_gets_alone(d):
         assert torch.equal(wide[0, t], alone.view(2, 9 * d)[0]), t
 
 
+@pytest.mark.parametrize("d", [64, 16])  # (the AVX-512 path where the CPU has it)
+def test_slots_a_task_shares_give_a_query_the_bits_it_gets_on_its_own(d):
+    """Where every query of a task sees slots [0, P), those run for all of them at once; one
+    query that does not see slot 0 makes P = 0, and the others' outputs stay the same bits."""
+    L, T = 203, 2  # a task: 4 query heads of a KV head x 2 tokens; L not a multiple of 8
+    q, cache = _problem(1, 4, 1, T, d, L, seed=6)
+    every = torch.ones(1, 1, T, L, dtype=torch.bool)
+    holed = every.clone()
+    holed[0, 0, 1, 0] = False  # token 1 does not see slot 0
+    shared = decode_attention(q, cache, L, every).view(T, 4 * d)
+    alone = decode_attention(q, cache, L, holed).view(T, 4 * d)
+    assert torch.equal(shared[0], alone[0])
+    assert not torch.equal(shared[1], alone[1])
+
+
 @pytest.mark.parametrize("d", [64, 12])
 def test_a_tree_node_gets_the_bits_of_its_path_decoded_alone(d):
     """A draft tree's node sees the committed slots and its ancestors, scattered among the

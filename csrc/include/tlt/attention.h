@@ -21,7 +21,8 @@
 // see (they are not read). So a token verified inside a tree gets the bits it gets decoded
 // alone, and unseen slots may hold anything. The dot products and sums run in a fixed order of
 // their own (eight lanes where the CPU has AVX2, whose exp is a polynomial within 2 float32
-// ulps, 0 below e^-87), not PyTorch's: the values agree with scaled_dot_product_attention to
+// ulps, 0 below e^-87; where it has AVX-512 as well, the same operations in the same order two
+// slots or sixteen columns an instruction, so the same bits), not PyTorch's: the values agree with scaled_dot_product_attention to
 // float32 rounding, not bit for bit. A NaN or +inf score (from non-finite q or K values, or
 // past float32's range), a non-finite V value of a seen slot, or scores all -inf make the
 // query's outputs non-finite.
