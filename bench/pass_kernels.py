@@ -1,14 +1,17 @@
 """The packed pass's CPU kernels against the PyTorch ops they replace, on a checkpoint: the
 attention kernel's call against scaled_dot_product_attention on the model's attention shapes
 (the kernel's output in the o projection's layout and dtype; PyTorch's transposed, copied and
-narrowed to it, as the pass needs it), then the whole target pass with each kernel and without
-it (`tlt_core.model.packed.ATTENTION_KERNEL`, `SILU_MUL_KERNEL`), and with neither, alternating,
-best of `--reps`, and the time left in PyTorch's ops (torch.profiler) with both and with
-neither:
+narrowed to it, as the pass needs it), then the whole target pass with each kernel called from
+Python and without it (`tlt_core.model.packed.ATTENTION_KERNEL`, `SILU_MUL_KERNEL`), with
+neither, and with the decoder layers in one call (`DECODER_LAYERS_KERNEL`, bf16 panels: the
+same kernels back to back in C++), alternating, best of `--reps`, and the PyTorch ops left
+(torch.profiler) with each kernel called from Python, with neither, and in one call:
 
     python bench/pass_kernels.py --model DIR --dtype bfloat16 --json FILE
 
-Rows: (batch, context, tokens); `speedup` is PyTorch's time over the kernel's."""
+Rows: (batch, context, tokens); `speedup` is PyTorch's time over the kernel's;
+`pass_speedup_one_call` the one-by-one pass's time over the one call's (1 where the model's
+layers do not fit the one-call kernel: `one_call_fits`)."""
 
 from __future__ import annotations
 
@@ -64,7 +67,8 @@ FLAGS = {"attention": "ATTENTION_KERNEL", "silu_mul": "SILU_MUL_KERNEL"}
 
 
 def target_pass(target, batch: int, context: int, tokens: int, reps: int) -> dict:
-    """The pass in ms with both kernels, without each, and without either."""
+    """The pass in ms in one call, with both kernels called one by one, without each, and
+    without either."""
     config, weight = target.config, target.lm_head.weight
     shape = CacheShape(config.num_layers, batch, config.num_kv_heads, context + tokens + 1,
                        config.head_dim)
@@ -72,25 +76,31 @@ def target_pass(target, batch: int, context: int, tokens: int, reps: int) -> dic
     cache.set_lengths(context)
     ids = torch.zeros(batch, tokens, dtype=torch.int64)
     positions = (context + torch.arange(tokens)).expand(batch, tokens)
-    variants = {"both": (), "no_attention": ("attention",), "no_silu_mul": ("silu_mul",),
-                "neither": tuple(FLAGS)}
+    # name: (kernels off, the layers in one call)
+    variants = {"one_call": ((), True), "both": ((), False),
+                "no_attention": (("attention",), False), "no_silu_mul": (("silu_mul",), False),
+                "neither": (tuple(FLAGS), False)}
+
+    def switch(name: str) -> None:
+        off, one_call = variants[name]
+        for kernel, flag in FLAGS.items():
+            setattr(packed, flag, kernel not in off)
+        packed.DECODER_LAYERS_KERNEL = one_call
+
     ms = dict.fromkeys(variants, float("inf"))
-    packed.DECODER_LAYERS_KERNEL = False  # each kernel a call from Python: bench/decoder_layers.py
     try:
         with torch.no_grad():
             for _ in range(2):
-                for name, off in variants.items():
-                    for kernel, flag in FLAGS.items():
-                        setattr(packed, flag, kernel not in off)
+                for name in variants:
+                    switch(name)
                     ms[name] = min(ms[name],
                                    _best_ms(lambda: target.step(ids, positions, cache), reps))
-        # what is left in PyTorch's ops (torch.profiler's self time, our kernels unseen) with
-        # both kernels and with neither, and how many ops (exact, where a time moves with load)
+        # what is left in PyTorch's ops (torch.profiler's self time, our kernels unseen) and
+        # how many ops (exact, where a time moves with load)
         aten, aten_ops = {}, {}
         with torch.no_grad():
-            for name in ("both", "neither"):
-                for kernel, flag in FLAGS.items():
-                    setattr(packed, flag, kernel not in variants[name])
+            for name in ("one_call", "both", "neither"):
+                switch(name)
                 with profile(activities=[ProfilerActivity.CPU]) as prof:
                     for _ in range(reps):
                         target.step(ids, positions, cache)
@@ -101,11 +111,13 @@ def target_pass(target, batch: int, context: int, tokens: int, reps: int) -> dic
         for flag in (*FLAGS.values(), "DECODER_LAYERS_KERNEL"):
             setattr(packed, flag, True)
     return {f"pass_{name}_ms": value for name, value in ms.items()} | {
-        "aten_both_ms": aten["both"], "aten_neither_ms": aten["neither"],
-        "aten_ops_both": aten_ops["both"], "aten_ops_neither": aten_ops["neither"],
+        f"aten_{name}_ms": value for name, value in aten.items()} | {
+        f"aten_ops_{name}": value for name, value in aten_ops.items()} | {
+        "one_call_fits": target._decoder.layers.decoder_kernel() is not None,
         "pass_speedup_attention": ms["no_attention"] / ms["both"],
         "pass_speedup_silu_mul": ms["no_silu_mul"] / ms["both"],
-        "pass_speedup_both": ms["neither"] / ms["both"]}
+        "pass_speedup_both": ms["neither"] / ms["both"],
+        "pass_speedup_one_call": ms["both"] / ms["one_call"]}
 
 
 def main() -> None:
@@ -128,11 +140,13 @@ def main() -> None:
               f"pass {row['pass_both_ms']:6.2f} ms, without attention "
               f"{row['pass_speedup_attention']:.3f}x, without silu_mul "
               f"{row['pass_speedup_silu_mul']:.3f}x, without both "
-              f"{row['pass_speedup_both']:.3f}x; ATen {row['aten_both_ms']:.2f} ms against "
-              f"{row['aten_neither_ms']:.2f}", flush=True)
+              f"{row['pass_speedup_both']:.3f}x; in one call {row['pass_one_call_ms']:6.2f} ms "
+              f"({row['pass_speedup_one_call']:.3f}x); ATen ops {row['aten_ops_one_call']:.0f} / "
+              f"{row['aten_ops_both']:.0f} / {row['aten_ops_neither']:.0f}", flush=True)
     if args.json:
         label = f"{Path(args.model).name} ({args.dtype})"
         args.json.write_text(json.dumps({"model": label, "threads": torch.get_num_threads(),
+                                         "layout": target.inference_layout_in_use,
                                          "rows": rows}, indent=1) + "\n")
 
 

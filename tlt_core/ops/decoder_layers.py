@@ -4,7 +4,7 @@ in one kernel call on the CPU (csrc/include/tlt/decoder_layers.h).
 Each layer runs the kernels the packed pass otherwise calls one by one from Python
 (add_rms_norm, panel_matmul, rope_kv_write, decode_attention, silu_mul), in the same order on
 the same arguments, so the bits are the same; what goes is the glue between them, a fifth of a
-one-token pass of SmolLM2-135M on 2 cores (`python bench/decoder_layers.py`). The weights'
+one-token pass of SmolLM2-135M on 2 cores (`python bench/pass_kernels.py`). The weights'
 tensors are checked once, when a DecoderLayers is built; a call checks the tensors of its pass.
 
 Shapes: B rows, T new tokens per row, R = B T, H hidden size, d head_dim, H_q / H_kv query /
