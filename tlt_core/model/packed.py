@@ -176,7 +176,8 @@ class PackedLayers:
         capturing: a table grown later would be a new tensor that earlier graphs do not read."""
         if self.rope_tables is None or self.rope_tables[0].shape[0] < bound or \
                 self.rope_tables[0].dtype != dtype or self.rope_tables[0].device != device:
-            size = max(bound, 2 * (0 if self.rope_tables is None else self.rope_tables[0].shape[0]), 256)
+            held = 0 if self.rope_tables is None else self.rope_tables[0].shape[0]
+            size = max(bound, 2 * held, 256)
             cos, sin = rotary(torch.arange(size, device=device), dtype)  # (P, d)
             half = cos.shape[-1] // 2
             sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
