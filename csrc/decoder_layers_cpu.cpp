@@ -38,6 +38,9 @@ void check_weight(const PanelWeightBf16& w, int64_t out_features, const char* na
 
 void check_layer(const DecoderLayerBf16& layer, const DecoderStep& s) {
   const int64_t qkv_width = (s.q_heads + 2 * s.kv_heads) * s.head_dim;
+  cpu::require((layer.q_norm == nullptr) == (layer.k_norm == nullptr), "q_norm",
+               "q_norm and k_norm come together or not at all");
+  cpu::require(layer.q_norm == nullptr || layer.qk_eps >= 0.f, "qk_eps", "must be >= 0");
   cpu::require(layer.post_attention_norm != nullptr, "post_attention_norm", "is null");
   cpu::require(layer.input_eps >= 0.f && layer.post_attention_eps >= 0.f, "eps",
                "must be >= 0");
@@ -49,9 +52,17 @@ void check_layer(const DecoderLayerBf16& layer, const DecoderStep& s) {
 
 // The calling thread's activations between kernels, grown as needed.
 struct Workspace {
-  std::vector<uint16_t> normed, qkv, attended, gate_up, act;
+  std::vector<uint16_t> normed, qkv, attended, gate_up, act, heads;
   std::vector<float> q;
 };
+
+// count heads of d values at `heads`, each RMSNormed with `weight` in place (through `scratch`:
+// the kernel's output may not alias its input).
+void norm_heads(uint16_t* heads, int64_t count, int64_t d, const uint16_t* weight, float eps,
+                std::vector<uint16_t>& scratch) {
+  add_rms_norm_bf16_cpu(heads, nullptr, weight, count, d, eps, heads, scratch.data());
+  std::memcpy(heads, scratch.data(), count * d * sizeof(uint16_t));
+}
 
 }  // namespace
 
@@ -91,6 +102,7 @@ void decoder_layers_bf16_cpu(const DecoderLayerBf16* layers, int64_t num_layers,
   work.attended.resize(rows * q_width);
   work.gate_up.resize(rows * 2 * s.intermediate);
   work.act.resize(rows * s.intermediate);
+  work.heads.resize(s.q_heads * d);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
 
   for (int64_t index = 0; index < num_layers; ++index) {
@@ -104,6 +116,13 @@ void decoder_layers_bf16_cpu(const DecoderLayerBf16* layers, int64_t num_layers,
       x = work.normed.data();
     }
     product(x, rows, H, layer.qkv, nullptr, work.qkv.data());
+    if (layer.q_norm != nullptr) {
+      for (int64_t r = 0; r < rows; ++r) {
+        uint16_t* heads = work.qkv.data() + r * qkv_width;
+        norm_heads(heads, s.q_heads, d, layer.q_norm, layer.qk_eps, work.heads);
+        norm_heads(heads + q_width, s.kv_heads, d, layer.k_norm, layer.qk_eps, work.heads);
+      }
+    }
     rope_kv_write_cpu(work.qkv.data(), FloatType::kBFloat16, s.batch, s.tokens, s.q_heads,
                       s.kv_heads, d, s.cos, s.sin_signed, s.table_len, s.positions, s.slots,
                       keys, values, FloatType::kFloat32, s.row_stride, s.head_stride, s.max_len,

@@ -299,11 +299,13 @@ class DecoderLayersBf16 {
                     int64_t intermediate)
       : shape_{hidden, q_heads, kv_heads, head_dim, intermediate} {}
 
+  // q_norm, k_norm: 0 where the layer has none
   void add_layer(uintptr_t input_norm, float input_eps, const PanelWeightArgs& qkv,
-                 const PanelWeightArgs& o, uintptr_t post_attention_norm,
-                 float post_attention_eps, const PanelWeightArgs& gate_up,
-                 const PanelWeightArgs& down) {
+                 uintptr_t q_norm, uintptr_t k_norm, float qk_eps, const PanelWeightArgs& o,
+                 uintptr_t post_attention_norm, float post_attention_eps,
+                 const PanelWeightArgs& gate_up, const PanelWeightArgs& down) {
     layers_.push_back({ptr<const uint16_t>(input_norm), input_eps, panel_weight(qkv),
+                       ptr<const uint16_t>(q_norm), ptr<const uint16_t>(k_norm), qk_eps,
                        panel_weight(o), ptr<const uint16_t>(post_attention_norm),
                        post_attention_eps, panel_weight(gate_up), panel_weight(down)});
   }

@@ -22,6 +22,7 @@ undefined behaviour in a kernel call fails the op's test even where the outputs 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
@@ -759,6 +760,11 @@ def fuzz_decoder_layers(data) -> bool:
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     layers = random_layers(shape, num_layers, g, pairs=data.draw(st.booleans()),
                            bias=data.draw(st.booleans()))
+    if data.draw(st.booleans()):  # Qwen3's per-head q and k norms
+        layers = [dataclasses.replace(
+            layer, q_norm=torch.randn(shape.head_dim, generator=g).to(torch.bfloat16),
+            k_norm=torch.randn(shape.head_dim, generator=g).to(torch.bfloat16), qk_eps=1e-6)
+            for layer in layers]
     kernel = DecoderLayers(shape, layers)
 
     def tensor(values: torch.Tensor, dtype: torch.dtype, specials: list):

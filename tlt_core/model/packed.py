@@ -214,8 +214,7 @@ class PackedLayers:
 
     def decoder_kernel(self) -> DecoderLayers | None:
         """The pack as one tlt_core.ops.decoder_layers call, or None where some layer is not
-        bf16 panels with its own RMSNorms (or no input norm) and no q/k norm; built once per
-        pack."""
+        bf16 panels with its own RMSNorms (or no input norm); built once per pack."""
         packed = self.get()
         if self._kernel_of is not packed:
             self._kernel_of, self._kernel = packed, _decoder_kernel(packed, self.config)
@@ -244,7 +243,8 @@ def _decoder_kernel(packed: list[PackedLayer], config) -> DecoderLayers | None:
         products = (layer.qkv, layer.o, layer.gate_up, layer.down)
         norms = (layer.post_attention_norm,) + (
             () if isinstance(layer.input_norm, nn.Identity) else (layer.input_norm,))
-        return (layer.layout == "panels" and layer.qk_norm is None
+        return (layer.layout == "panels"
+                and (layer.qk_norm is None or layer.qk_norm.dtype == torch.bfloat16)
                 and all(fits(w, *size) for w, size in zip(products, sizes))
                 and all(isinstance(getattr(norm, "weight", None), torch.Tensor)
                         and norm.weight.dtype == torch.bfloat16 and hasattr(norm, "eps")
@@ -260,7 +260,9 @@ def _decoder_kernel(packed: list[PackedLayer], config) -> DecoderLayers | None:
         qkv=layer.qkv.panels, qkv_bias=layer.qkv_bias, o=layer.o.panels, o_bias=layer.o_bias,
         post_attention_norm=layer.post_attention_norm.weight.detach(),
         post_attention_eps=layer.post_attention_norm.eps, gate_up=layer.gate_up.panels,
-        down=layer.down.panels) for layer in packed])
+        down=layer.down.panels, q_norm=None if layer.qk_norm is None else layer.qk_norm[0],
+        k_norm=None if layer.qk_norm is None else layer.qk_norm[H_q],
+        qk_eps=config.rms_norm_eps) for layer in packed])
 
 
 def _refresh_in_place(old: list[PackedLayer], fresh: list[PackedLayer],
@@ -397,7 +399,15 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
         h, x = _add_norm(h, None, packed.input_norm, layers.eps, norm_kernel)  # (B T, H) each
         qkv = _joined_matmul(x, packed.qkv, layout, packed.qkv_bias)  # (B T, (H_q + 2 H_kv) d)
         qkv = qkv.view(B, T, H_q + 2 * H_kv, d)
-        if packed.qk_norm is not None:
+        if packed.qk_norm is not None and norm_kernel and packed.qk_norm.dtype == h.dtype:
+            # bf16 on the CPU: q's heads, then k's, each one add_rms_norm call over its rows
+            # (what the one-call pass does per token)
+            for first, count in ((0, H_q), (H_q, H_kv)):
+                heads = qkv[:, :, first:first + count].reshape(-1, d).contiguous()  # (B T count, d)
+                _, normed = launch_rms_norm(heads, None, packed.qk_norm[first],
+                                            config.rms_norm_eps)
+                qkv[:, :, first:first + count] = normed.view(B, T, count, d)
+        elif packed.qk_norm is not None:
             qkv[:, :, :H_q + H_kv] = F.rms_norm(qkv[:, :, :H_q + H_kv], (d,),
                                                 eps=config.rms_norm_eps) * packed.qk_norm
         layer_kv = cache[index]  # (2, B, H_kv, T_max, d)

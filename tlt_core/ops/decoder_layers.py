@@ -40,6 +40,11 @@ class DecoderLayerWeights:
     post_attention_eps: float
     gate_up: torch.Tensor  # H -> [gate | up], 2 I
     down: torch.Tensor  # I -> H
+    # Qwen3: each q head's and each k head's RMSNorm weight (d,) after the q|k|v product, both
+    # or neither
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    qk_eps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,14 @@ class DecoderLayers:
             for name in ("input_norm", "post_attention_norm"):
                 if name == "post_attention_norm" or layer.input_norm is not None:
                     _check(getattr(layer, name), f"{where}.{name}", (H,))
-            for name in ("input_eps", "post_attention_eps"):
+            if (layer.q_norm is None) != (layer.k_norm is None):
+                raise ValueError(f"{where}.q_norm: q_norm and k_norm come together or not at "
+                                 f"all, got {described(layer.q_norm)} and "
+                                 f"{described(layer.k_norm)}")
+            for name in ("q_norm", "k_norm"):
+                if getattr(layer, name) is not None:
+                    _check(getattr(layer, name), f"{where}.{name}", (d,))
+            for name in ("input_eps", "post_attention_eps", "qk_eps"):
                 eps = getattr(layer, name)
                 if not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
                     raise ValueError(f"{where}.{name}: must be a finite number >= 0, got {eps!r}")
@@ -79,6 +91,8 @@ class DecoderLayers:
                 0 if layer.input_norm is None else layer.input_norm.data_ptr(),
                 float(layer.input_eps),
                 _weight(layer.qkv, layer.qkv_bias, qkv_width, H, f"{where}.qkv"),
+                0 if layer.q_norm is None else layer.q_norm.data_ptr(),
+                0 if layer.k_norm is None else layer.k_norm.data_ptr(), float(layer.qk_eps),
                 _weight(layer.o, layer.o_bias, H, shape.q_heads * d, f"{where}.o"),
                 layer.post_attention_norm.data_ptr(), float(layer.post_attention_eps),
                 _weight(layer.gate_up, None, 2 * I, H, f"{where}.gate_up"),

@@ -7,6 +7,7 @@
 // one, in the same order with the same arguments, so the pass computes the same bits:
 //   h, x    = add_rms_norm(h, -, input_norm)                 rms_norm.h
 //   qkv     = x @ qkv (+ qkv bias)                           panel_matmul.h
+//   each q head and k head of qkv: add_rms_norm(head, -, q_norm / k_norm)   (Qwen3; optional)
 //   q       = rope_kv_write(qkv) (k and v into the cache)    rope.h
 //   a       = decode_attention(q) in bfloat16                attention.h
 //   h       = a @ o (+ o bias) + h
@@ -39,6 +40,10 @@ struct DecoderLayerBf16 {
   const uint16_t* input_norm;  // [H] RMSNorm weight, or null: none (x = h; EAGLE's drafter)
   float input_eps;
   PanelWeightBf16 qkv;         // H -> (H_q + 2 H_kv) d
+  // [d] RMSNorm weights of each q head and each k head after the product, or both null: none
+  const uint16_t* q_norm;
+  const uint16_t* k_norm;
+  float qk_eps;
   PanelWeightBf16 o;           // H_q d -> H
   const uint16_t* post_attention_norm;  // [H]
   float post_attention_eps;
