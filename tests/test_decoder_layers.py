@@ -98,6 +98,17 @@ def a_pass(seed: int, *, batch: int, tokens: int, masked: bool, q_heads: int = 4
                           cos=cos, sin_signed=sin, mask=mask, read_len=read_len)
 
 
+def assert_one_call_is_one_by_one(layers, shape: DecoderShape, args: dict) -> dict:
+    """DecoderLayers over args = one_by_one over a copy, bit for bit (h and the cache's K and
+    V); returns the copy, as one_by_one left it."""
+    want_args = {**args, "h": args["h"].clone(), "cache": args["cache"].clone()}
+    want_h, _ = one_by_one(layers, shape, **want_args, saved_layers=())
+    h, _ = DecoderLayers(shape, layers)(**args)
+    assert torch.equal(h.view(torch.int16), want_h.view(torch.int16))
+    assert torch.equal(args["cache"], want_args["cache"])
+    return {**want_args, "h": want_h}
+
+
 @pytest.mark.parametrize("batch,tokens,masked,pairs,bias", [
     (1, 1, False, True, False), (1, 1, False, False, True), (2, 3, True, True, True),
     (3, 1, True, False, False), (1, 5, True, True, False), (0, 1, False, True, False)])
@@ -120,11 +131,7 @@ def test_a_layer_without_an_input_norm_multiplies_h_itself():
     g, shape, args = a_pass(3, batch=2, tokens=3, masked=True)
     layers = [dataclasses.replace(layer, input_norm=None)
               for layer in random_layers(shape, 2, g, pairs=True, bias=True)]
-    want_args = {**args, "h": args["h"].clone(), "cache": args["cache"].clone()}
-    want_h, _ = one_by_one(layers, shape, **want_args, saved_layers=())
-    h, _ = DecoderLayers(shape, layers)(**args)
-    assert torch.equal(h.view(torch.int16), want_h.view(torch.int16))
-    assert torch.equal(args["cache"], want_args["cache"])
+    assert_one_call_is_one_by_one(layers, shape, args)
 
 
 def test_q_and_k_norms_run_per_head():
@@ -134,14 +141,11 @@ def test_q_and_k_norms_run_per_head():
                                   k_norm=(1 + 0.3 * torch.randn(8, generator=g)).to(BF16),
                                   qk_eps=1e-6)
               for layer in random_layers(shape, 2, g, pairs=True, bias=False)]
-    want_args = {**args, "h": args["h"].clone(), "cache": args["cache"].clone()}
-    want_h, _ = one_by_one(layers, shape, **want_args, saved_layers=())
-    h, _ = DecoderLayers(shape, layers)(**args)
-    assert torch.equal(h.view(torch.int16), want_h.view(torch.int16))
-    assert torch.equal(args["cache"], want_args["cache"])
+    before = {**args, "h": args["h"].clone(), "cache": args["cache"].clone()}
+    normed = assert_one_call_is_one_by_one(layers, shape, args)["h"]
     unnormed = [dataclasses.replace(layer, q_norm=None, k_norm=None) for layer in layers]
-    other, _ = DecoderLayers(shape, unnormed)(**{**want_args, "h": want_args["h"].clone()})
-    assert not torch.equal(other, want_h)
+    other, _ = DecoderLayers(shape, unnormed)(**before)
+    assert not torch.equal(other, normed)
 
 
 def test_a_cache_with_more_layers_than_the_stack_uses_its_first():
@@ -157,11 +161,8 @@ def test_grouped_and_multi_head_attention():
     for q_heads, kv_heads in ((3, 1), (2, 2)):
         g, shape, args = a_pass(7, batch=2, tokens=2, masked=True, q_heads=q_heads,
                                 kv_heads=kv_heads)
-        layers = random_layers(shape, 1, g, pairs=False, bias=True)
-        want_args = {**args, "h": args["h"].clone(), "cache": args["cache"].clone()}
-        want_h, _ = one_by_one(layers, shape, **want_args, saved_layers=())
-        h, _ = DecoderLayers(shape, layers)(**args)
-        assert torch.equal(h.view(torch.int16), want_h.view(torch.int16))
+        assert_one_call_is_one_by_one(random_layers(shape, 1, g, pairs=False, bias=True),
+                                      shape, args)
 
 
 def bad_call(name: str, args: dict) -> dict:
