@@ -212,10 +212,11 @@ class PackedLayers:
         self.packed, self.key = fresh, self._key()
         return self.packed
 
-    def decoder_kernel(self) -> DecoderLayers | None:
-        """The pack as one tlt_core.ops.decoder_layers call, or None where some layer is not
-        bf16 panels with its own RMSNorms (or no input norm); built once per pack."""
-        packed = self.get()
+    def decoder_kernel(self, packed: list[PackedLayer] | None = None) -> DecoderLayers | None:
+        """The pack (get()'s, or `packed` when the caller has just read it) as one
+        tlt_core.ops.decoder_layers call, or None where some layer is not bf16 panels with its
+        own RMSNorms (or no input norm); built once per pack."""
+        packed = self.get() if packed is None else packed
         if self._kernel_of is not packed:
             self._kernel_of, self._kernel = packed, _decoder_kernel(packed, self.config)
         return self._kernel
@@ -246,9 +247,7 @@ def _decoder_kernel(packed: list[PackedLayer], config) -> DecoderLayers | None:
         return (layer.layout == "panels"
                 and (layer.qk_norm is None or layer.qk_norm.dtype == torch.bfloat16)
                 and all(fits(w, *size) for w, size in zip(products, sizes))
-                and all(isinstance(getattr(norm, "weight", None), torch.Tensor)
-                        and norm.weight.dtype == torch.bfloat16 and hasattr(norm, "eps")
-                        for norm in norms))
+                and all(_bf16_rms_norm(norm) for norm in norms))
 
     if not packed or not all(eligible(layer) for layer in packed):
         return None
@@ -362,7 +361,8 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     (B, T), d = positions.shape, config.head_dim
     H_q, H_kv, half = config.num_heads, config.num_kv_heads, config.head_dim // 2
     cache_dtype = cache.dtype
-    kernel = layers.decoder_kernel() if _whole_pass_kernel(h, cache, B * T) else None
+    pack = layers.get()
+    kernel = layers.decoder_kernel(pack) if _whole_pass_kernel(h, cache, B * T) else None
     if kernel is not None:  # bf16 panels on the CPU: every layer in one call
         layers.reserve_rope(rotary, plan.read_len, h.dtype, h.device)
         cos_table, sin_table = (table[:, 0] for table in layers.rope_tables)  # (P, d) each
@@ -394,7 +394,7 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     swiglu_kernel = (SILU_MUL_KERNEL and h.device.type == "cpu"
                      and h.dtype in (torch.float32, torch.bfloat16))
     saved = {}
-    for index, packed in enumerate(layers.get()):
+    for index, packed in enumerate(pack):
         layout = packed.layout
         h, x = _add_norm(h, None, packed.input_norm, layers.eps, norm_kernel)  # (B T, H) each
         qkv = _joined_matmul(x, packed.qkv, layout, packed.qkv_bias)  # (B T, (H_q + 2 H_kv) d)
@@ -474,14 +474,13 @@ def _joined_matmul(x: torch.Tensor, weights: torch.Tensor | tuple[torch.Tensor, 
 
 
 def _add_norm(h: torch.Tensor, delta: torch.Tensor | None, norm: nn.Module | None,
-              eps: torch.Tensor, kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+              eps: torch.Tensor | None, kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(h + delta, _norm of it); delta None: (h, _norm(h)). With kernel, a bf16 RMSNorm (a
     module with a weight and an eps: the layer's own) runs as one call of
     tlt_core.ops.add_rms_norm, the add with it."""
-    weight = getattr(norm, "weight", None)
-    if kernel and weight is not None and weight.dtype == torch.bfloat16 and hasattr(norm, "eps"):
+    if kernel and _bf16_rms_norm(norm):
         # the pass's own dense bf16 rows and the layer's weight: no check needed
-        return launch_rms_norm(h, delta, weight, norm.eps)
+        return launch_rms_norm(h, delta, norm.weight, norm.eps)
     if delta is not None:
         h = h + delta
     return h, _norm(h, norm, eps)
@@ -496,14 +495,18 @@ def _norm(h: torch.Tensor, norm: nn.Module | None, eps: torch.Tensor) -> torch.T
     return h * torch.addcmul(eps, size, size, value=1.0 / h.shape[-1]).rsqrt_()
 
 
+def _bf16_rms_norm(norm: nn.Module | None) -> bool:
+    """Whether `norm` is an RMSNorm add_rms_norm runs: a bf16 weight and an eps."""
+    weight = getattr(norm, "weight", None)
+    return weight is not None and weight.dtype == torch.bfloat16 and hasattr(norm, "eps")
+
+
 def _final_norm(h: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """The model's final RMSNorm of h (M, H): in bf16 on the CPU one add_rms_norm call (PyTorch's
     bf16 norm is four ops, 0.1-0.2 ms at a few rows of SmolLM2 on 2 cores), else the module."""
-    if (RMS_NORM_KERNEL and h.device.type == "cpu" and h.dtype == torch.bfloat16
-            and getattr(norm, "weight", None) is not None and norm.weight.dtype == torch.bfloat16
-            and hasattr(norm, "eps") and h.is_contiguous()):
-        return launch_rms_norm(h, None, norm.weight, norm.eps)[1]
-    return norm.forward(h)
+    kernel = (RMS_NORM_KERNEL and h.device.type == "cpu" and h.dtype == torch.bfloat16
+              and h.is_contiguous())
+    return _add_norm(h, None, norm, None, kernel)[1]
 
 
 class PackedDecoder:
