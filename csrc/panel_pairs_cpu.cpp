@@ -1,7 +1,7 @@
 // CPU implementation of panel_matmul.h's bfloat16 pairs product. A micro-kernel (vector_block)
 // multiplies G rows by C adjacent panels with one VDPBF16PS per (row, panel, pair of k): G C
 // accumulators, C line loads and one broadcast of a row's pair each step, at most 24 + 3 + 1 of
-// AVX-512's 32 registers. Rows beyond a group rerun the task's panels, now in L2, so only the
+// AVX-512's 32 registers. Rows beyond a group rerun the block's panels, now in L2, so only the
 // first group reads them from memory.
 #include <algorithm>
 #include <cmath>
@@ -31,19 +31,26 @@ namespace {
 // Up to this many rows share a pass over the panels; 8 rows by 3 panels keeps 24 products in
 // flight, enough to cover the instruction's latency at two a cycle.
 constexpr int kRowGroup = 8;
-// From 2 rows on, a row group's dot products are enough to delay the memory stream, so the
-// lines this many pairs ahead (1 KB) are prefetched (SmolLM2's layers, 2 Zen 5 cores, in a
-// scratch loop: 1.10x at 8 rows, 1.12x at 16; bench/panel_layers.py, two builds alternated five
-// times: 1.04x at 2 rows, 1.09x at 3, where 5 rows was the threshold; at one row it cost 3%).
+// From 2 rows on, a row group's dot products are enough to delay the memory stream, so each
+// block streams its own panels' lines this many pairs (1 KB) ahead (SmolLM2's layers, 2 Zen 5
+// cores, bench/panel_layers.py, two builds alternated five times: 1.04x at 2 rows, 1.09x at 3;
+// at one row it cost 3%).
 constexpr int kPrefetchFromRows = 2;
 constexpr int64_t kPrefetchPairs = 16;
+// From 5 rows on, the dot products outlast the memory's time for the lines, and a stream a few
+// lines ahead still leaves the memory idle while they run (and through every later row group):
+// there each block's row groups prefetch the whole next block instead, spread over all of their
+// steps, so the memory streams at the pace of the arithmetic (SmolLM2's layers, two builds
+// alternated four times: 1.15-1.2x at 8-16 rows, 1.1x at 32 and 64; at 2-4 rows it cost 5%).
+constexpr int kSpreadFromRows = 5;
 // One claimed unit of work: up to 12 panels, a whole number of blocks of 3 or 4 (221-590 KB at
-// SmolLM2's K 576-1536, so a task's later row groups find them in L2), and at least 8 tasks a
-// call where there are 32 panels or more: tasks are claimed one at a time, and 36 panels (a
-// 576-feature matrix) in 3 tasks left one of 2 threads a third of the call idle.
+// SmolLM2's K 576-1536, so a block's later row groups find it in L2), and at least 4 tasks a
+// call where there are 16 panels or more: tasks are claimed one at a time, and 36 panels (a
+// 576-feature matrix) in 3 tasks left one of 2 threads a third of the call idle; a task's first
+// block is the one no earlier block prefetched (4 tasks against 8: 1.03-1.06x at 16-64 rows).
 constexpr int64_t kPanelsPerTask = 12;
 constexpr int64_t kMinPanelsPerTask = 4;
-constexpr int64_t kTasksPerCall = 8;
+constexpr int64_t kTasksPerCall = 4;
 
 // daz: a subnormal bfloat16 as a zero of its sign, widened.
 inline float widen_daz(uint16_t value) {
@@ -91,10 +98,21 @@ struct Call {
   }
 
 #ifdef TLT_PAIRS_X86
-  // G rows by C adjacent panels from panel p.
-  template <int G, int C>
-  __attribute__((target("avx512f,avx512bw,avx512bf16"))) void vector_block(int64_t p,
-                                                                           int64_t r0) const {
+  // What a row group prefetches while it runs: its share, `lines` cache lines from `from`, of
+  // the block after its own, spread evenly over its K2 steps; and, where `stream`, its own
+  // panels' lines kPrefetchPairs ahead.
+  struct Ahead {
+    const uint16_t* from = nullptr;
+    int64_t lines = 0;
+    bool stream = false;
+  };
+
+  // G rows by C adjacent panels from panel p. Stream and Spread say which of `ahead` to do, as
+  // template arguments: tested in the loop they slowed the one-row product, bound by memory,
+  // by 4-9% (a scratch A/B).
+  template <int G, int C, bool Stream, bool Spread>
+  __attribute__((target("avx512f,avx512bw,avx512bf16"))) void vector_block(int64_t p, int64_t r0,
+                                                                           Ahead ahead) const {
     // Every loop over the accumulators is unrolled, so each is a register.
     __m512 acc[G][C];
 #pragma GCC unroll 32
@@ -105,12 +123,17 @@ struct Call {
     for (int c = 0; c < C; ++c) lines[c] = panel(p + c);
     const uint16_t* row[G];
     for (int m = 0; m < G; ++m) row[m] = x + (r0 + m) * ldx;
+    const char* next = reinterpret_cast<const char*>(ahead.from);
+    int64_t credit = 0;  // lines of `ahead` owed: + lines a step, - K2 a line prefetched
     for (int64_t i = 0; i < K2; ++i) {
+      if constexpr (Spread)
+        for (credit += ahead.lines; credit >= K2; credit -= K2, next += 64)
+          _mm_prefetch(next, _MM_HINT_T0);
       __m512i weights[C];
 #pragma GCC unroll 32
       for (int c = 0; c < C; ++c) {
         const uint16_t* line = lines[c] + i * 2 * kPanelWidth;
-        if constexpr (G >= kPrefetchFromRows)
+        if constexpr (Stream)
           _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchPairs * 2 * kPanelWidth),
                        _MM_HINT_T0);
         weights[c] = _mm512_loadu_si512(line);
@@ -157,40 +180,73 @@ struct Call {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
   }
 
-  // Panels [p0, p1) for rows [r0, r0 + G): blocks of C panels, the last few as wide as they go.
-  template <int G, int C>
-  void vector_rows(int64_t p0, int64_t p1, int64_t r0) const {
+  // Rows [r0, r0 + group) of the C panels from p, group <= MaxRows.
+  template <int C, int MaxRows>
+  void vector_group(int64_t p, int64_t r0, int group, Ahead ahead) const {
+    if (ahead.lines != 0) {
+      if (ahead.stream) return vector_group<C, MaxRows, true, true>(p, r0, group, ahead);
+      return vector_group<C, MaxRows, false, true>(p, r0, group, ahead);
+    }
+    if (ahead.stream) return vector_group<C, MaxRows, true, false>(p, r0, group, ahead);
+    vector_group<C, MaxRows, false, false>(p, r0, group, ahead);
+  }
+  template <int C, int MaxRows, bool Stream, bool Spread>
+  void vector_group(int64_t p, int64_t r0, int group, Ahead ahead) const {
+    static_assert(MaxRows == 4 || MaxRows == 8);
+    switch (group) {
+      case 1: return vector_block<1, C, Stream, Spread>(p, r0, ahead);
+      case 2: return vector_block<2, C, Stream, Spread>(p, r0, ahead);
+      case 3: return vector_block<3, C, Stream, Spread>(p, r0, ahead);
+      case 4: return vector_block<4, C, Stream, Spread>(p, r0, ahead);
+    }
+    if constexpr (MaxRows == 8) {
+      switch (group) {
+        case 5: return vector_block<5, C, Stream, Spread>(p, r0, ahead);
+        case 6: return vector_block<6, C, Stream, Spread>(p, r0, ahead);
+        case 7: return vector_block<7, C, Stream, Spread>(p, r0, ahead);
+        default: return vector_block<8, C, Stream, Spread>(p, r0, ahead);
+      }
+    }
+  }
+
+  // Panels [p0, p1) for every row: blocks of C panels, the last few as wide as they go, each
+  // block's row groups one after another (the later ones find its lines in L2) while they
+  // prefetch the next block between them.
+  template <int C, int MaxRows>
+  void vector_panels(int64_t p0, int64_t p1) const {
+    const int64_t groups = (rows + kRowGroup - 1) / kRowGroup;
+    const bool stream = rows >= kPrefetchFromRows;
+    const bool spread = rows >= kSpreadFromRows;
     panel::in_blocks<C>(p0, p1, [&](auto width, int64_t p) {
-      this->template vector_block<G, decltype(width)::value>(p, r0);
+      constexpr int W = decltype(width)::value;
+      const int64_t next = p + W;
+      const int64_t next_lines = spread && next < p1 ? std::min<int64_t>(C, p1 - next) * K2 : 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t first = next_lines * g / groups, last = next_lines * (g + 1) / groups;
+        const Ahead ahead{next_lines == 0 ? nullptr : panel(next) + first * 2 * kPanelWidth,
+                          last - first, stream && g == 0 && (p == p0 || !spread)};
+        const int group = static_cast<int>(std::min<int64_t>(kRowGroup, rows - g * kRowGroup));
+        this->template vector_group<W, MaxRows>(p, g * kRowGroup, group, ahead);
+      }
     });
   }
 
-  // Up to 4 rows across 4 panels (16 accumulators), 5 to 8 across 3 (15-24).
-  void vector(int64_t p0, int64_t p1, int64_t r0, int group) const {
-    switch (group) {
-      case 1: vector_rows<1, 4>(p0, p1, r0); break;
-      case 2: vector_rows<2, 4>(p0, p1, r0); break;
-      case 3: vector_rows<3, 4>(p0, p1, r0); break;
-      case 4: vector_rows<4, 4>(p0, p1, r0); break;
-      case 5: vector_rows<5, 3>(p0, p1, r0); break;
-      case 6: vector_rows<6, 3>(p0, p1, r0); break;
-      case 7: vector_rows<7, 3>(p0, p1, r0); break;
-      default: vector_rows<8, 3>(p0, p1, r0); break;
-    }
+  // Up to 4 rows across 4 panels (16 accumulators), more in groups of up to 8 across 3 (<= 24).
+  void vector(int64_t p0, int64_t p1) const {
+    if (rows <= 4)
+      vector_panels<4, 4>(p0, p1);
+    else
+      vector_panels<3, 8>(p0, p1);
   }
 #endif
 
   void panels_range(int64_t p0, int64_t p1, bool use_vector) const {
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup) {
-      const int group = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r0));
 #ifdef TLT_PAIRS_X86
-      if (use_vector) {
-        vector(p0, p1, r0, group);
-        continue;
-      }
+    if (use_vector) return vector(p0, p1);
 #endif
-      for (int64_t p = p0; p < p1; ++p) portable(p, r0, group);
-    }
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup)
+      for (int64_t p = p0; p < p1; ++p)
+        portable(p, r0, static_cast<int>(std::min<int64_t>(kRowGroup, rows - r0)));
   }
 };
 

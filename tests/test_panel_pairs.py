@@ -99,23 +99,32 @@ def test_pairs_hold_two_k_of_sixteen_features_zero_padded():
     assert torch.equal(pairs[1, 0, :4], weight[16:, 0:2]) and not pairs[1, :, 4:].any()
 
 
-@pytest.mark.parametrize("rows", [1, 4, 5, 8, 16, 33])
-def test_rows_are_independent_and_paths_agree_at_a_real_layers_size(rows):
-    # 3072 x 576: SmolLM2's gate|up matrix, large enough to run on PyTorch's thread team
-    weight, x, bias, addend = _case(rows, 3072, 576, seed=rows)
+@pytest.mark.parametrize("rows, out_features, in_features",
+                         [(1, 3072, 576), (4, 3072, 576), (5, 3072, 576), (8, 3072, 576),
+                          (16, 3072, 576), (33, 3072, 576), (12, 576, 1536), (20, 960, 576),
+                          (6, 1000, 576)])
+def test_rows_are_independent_and_paths_agree_at_a_real_layers_size(rows, out_features,
+                                                                    in_features):
+    # SmolLM2's gate|up (3072 x 576), down (576 x 1536) and q|k|v (960 x 576) matrices, large
+    # enough to run on PyTorch's thread team, in tasks whose last block is narrower (and 1000
+    # features: a last panel of 8); from 5 rows on each block prefetches the next, 12 and 20
+    # rows in a group of 8 and a shorter one
+    weight, x, bias, addend = _case(rows, out_features, in_features, seed=rows)
     pairs = pack_panels(weight, pairs=True)
-    got = panel_matmul(x, pairs, 3072, bias, addend)
-    assert torch.equal(_bits(got), _bits(panel_matmul(x, pairs, 3072, bias, addend,
+    got = panel_matmul(x, pairs, out_features, bias, addend)
+    assert torch.equal(_bits(got), _bits(panel_matmul(x, pairs, out_features, bias, addend,
                                                       isa="portable")))
     for r in (0, rows - 1):
-        alone = panel_matmul(x[r:r + 1].clone(), pairs, 3072, bias, addend[r:r + 1].clone())
+        alone = panel_matmul(x[r:r + 1].clone(), pairs, out_features, bias,
+                             addend[r:r + 1].clone())
         assert torch.equal(_bits(alone[0]), _bits(got[r]))
     exact = x.double() @ weight.double().T + bias.double() + addend.double()
     assert (got.double() - exact).abs().max() <= 2 ** -8 * exact.abs().max()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert torch.equal(_bits(panel_matmul(x, pairs, 3072, bias, addend)), _bits(got))
+        assert torch.equal(_bits(panel_matmul(x, pairs, out_features, bias, addend)),
+                           _bits(got))
     finally:
         torch.set_num_threads(threads)
 
