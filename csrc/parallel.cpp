@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -173,7 +174,22 @@ GompParallel loaded_gomp_parallel() {
   return entry;  // the handle stays open: the library is in use for the process's life anyway
 }
 
+using GompMaxThreads = int (*)();
+
 }  // namespace
+
+int openmp_team_size() {
+  static std::atomic<GompMaxThreads> found{nullptr};
+  GompMaxThreads entry = found.load();
+  if (entry == nullptr) {
+    if (void* library = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+      entry = reinterpret_cast<GompMaxThreads>(dlsym(library, "omp_get_max_threads"));
+      found.store(entry);
+    }
+  }
+  if (entry == nullptr || loaded_gomp_parallel() == nullptr) return configured_threads();
+  return std::max(1, entry());
+}
 
 void parallel_for_on_openmp_team(int64_t n, const std::function<void(int64_t)>& body) {
   const GompParallel gomp = n > 1 ? loaded_gomp_parallel() : nullptr;

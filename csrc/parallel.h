@@ -35,4 +35,8 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& body);
 // Exceptions as in parallel_for.
 void parallel_for_on_openmp_team(int64_t n, const std::function<void(int64_t)>& body);
 
+// The threads parallel_for_on_openmp_team runs a call on, the caller included: the OpenMP
+// team's default size, or parallel_for's thread count where no libgomp is loaded.
+int openmp_team_size();
+
 }  // namespace tlt::cpu
