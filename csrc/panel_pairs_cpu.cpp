@@ -28,8 +28,9 @@
 namespace tlt {
 namespace {
 
-// Up to this many rows share a pass over the panels; 8 rows by 3 panels keeps 24 products in
-// flight, enough to cover the instruction's latency at two a cycle.
+// Up to this many rows share a pass over the panels (12 where there are no more than 12); 8
+// rows by 3 panels keeps 24 products in flight, enough to cover the instruction's latency at two
+// a cycle.
 constexpr int kRowGroup = 8;
 // From 2 rows on, a row group's dot products are enough to delay the memory stream, so each
 // block streams its own panels' lines this many pairs (1 KB) ahead (SmolLM2's layers, 2 Zen 5
@@ -182,7 +183,7 @@ struct Call {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
   }
 
-  // Rows [r0, r0 + group) of the C panels from p, group <= MaxRows.
+  // Rows [r0, r0 + group) of the C panels from p, 1 <= group <= MaxRows.
   template <int C, int MaxRows>
   void vector_group(int64_t p, int64_t r0, int group, Ahead ahead) const {
     if (ahead.lines != 0) {
@@ -192,23 +193,14 @@ struct Call {
     if (ahead.stream) return vector_group<C, MaxRows, true, false>(p, r0, group, ahead);
     vector_group<C, MaxRows, false, false>(p, r0, group, ahead);
   }
-  template <int C, int MaxRows, bool Stream, bool Spread>
+  template <int C, int MaxRows, bool Stream, bool Spread, int G = 1>
   void vector_group(int64_t p, int64_t r0, int group, Ahead ahead) const {
-    static_assert(MaxRows == 4 || MaxRows == 8);
-    switch (group) {
-      case 1: return vector_block<1, C, Stream, Spread>(p, r0, ahead);
-      case 2: return vector_block<2, C, Stream, Spread>(p, r0, ahead);
-      case 3: return vector_block<3, C, Stream, Spread>(p, r0, ahead);
-      case 4: return vector_block<4, C, Stream, Spread>(p, r0, ahead);
+    if constexpr (G < MaxRows) {
+      if (group != G)
+        return this->template vector_group<C, MaxRows, Stream, Spread, G + 1>(p, r0, group,
+                                                                             ahead);
     }
-    if constexpr (MaxRows == 8) {
-      switch (group) {
-        case 5: return vector_block<5, C, Stream, Spread>(p, r0, ahead);
-        case 6: return vector_block<6, C, Stream, Spread>(p, r0, ahead);
-        case 7: return vector_block<7, C, Stream, Spread>(p, r0, ahead);
-        default: return vector_block<8, C, Stream, Spread>(p, r0, ahead);
-      }
-    }
+    vector_block<G, C, Stream, Spread>(p, r0, ahead);
   }
 
   // Panels [p0, p1) for every row: blocks of C panels, the last few as wide as they go, each
@@ -216,7 +208,7 @@ struct Call {
   // prefetch the next block between them.
   template <int C, int MaxRows>
   void vector_panels(int64_t p0, int64_t p1) const {
-    const int64_t groups = (rows + kRowGroup - 1) / kRowGroup;
+    const int64_t groups = (rows + MaxRows - 1) / MaxRows;
     const bool stream = rows >= kPrefetchFromRows;
     const bool spread = rows >= kSpreadFromRows;
     panel::in_blocks<C>(p0, p1, [&](auto width, int64_t p) {
@@ -227,18 +219,23 @@ struct Call {
         const int64_t first = next_lines * g / groups, last = next_lines * (g + 1) / groups;
         const Ahead ahead{next_lines == 0 ? nullptr : panel(next) + first * 2 * kPanelWidth,
                           last - first, stream && g == 0 && (p == p0 || !spread)};
-        const int group = static_cast<int>(std::min<int64_t>(kRowGroup, rows - g * kRowGroup));
-        this->template vector_group<W, MaxRows>(p, g * kRowGroup, group, ahead);
+        const int group = static_cast<int>(std::min<int64_t>(MaxRows, rows - g * MaxRows));
+        this->template vector_group<W, MaxRows>(p, g * MaxRows, group, ahead);
       }
     });
   }
 
-  // Up to 4 rows across 4 panels (16 accumulators), more in groups of up to 8 across 3 (<= 24).
+  // Up to 4 rows across 4 panels (16 accumulators), 8 across 3 (24) and 12 across 2 (24) in
+  // one group; more in groups of kRowGroup across 3. A second group rereads every block from L2
+  // for its rows: 9-12 rows in one group of 12 ran 1.3-1.4x faster than a group of 8 and one of
+  // the rest (SmolLM2's layers, alternated in one process); 16 rows down one panel (16
+  // accumulators, a broadcast per product) ran 0.85x two groups of 8, so from 13 rows on it is
+  // groups of 8.
   void vector(int64_t p0, int64_t p1) const {
-    if (rows <= 4)
-      vector_panels<4, 4>(p0, p1);
-    else
-      vector_panels<3, 8>(p0, p1);
+    if (rows <= 4) return vector_panels<4, 4>(p0, p1);
+    if (rows <= 8) return vector_panels<3, kRowGroup>(p0, p1);
+    if (rows <= 12) return vector_panels<2, 12>(p0, p1);
+    vector_panels<3, kRowGroup>(p0, p1);
   }
 #endif
 

@@ -102,13 +102,13 @@ def test_pairs_hold_two_k_of_sixteen_features_zero_padded():
 @pytest.mark.parametrize("rows, out_features, in_features",
                          [(1, 3072, 576), (4, 3072, 576), (5, 3072, 576), (8, 3072, 576),
                           (16, 3072, 576), (33, 3072, 576), (12, 576, 1536), (20, 960, 576),
-                          (6, 1000, 576)])
+                          (6, 1000, 576), (10, 1000, 576)])
 def test_rows_are_independent_and_paths_agree_at_a_real_layers_size(rows, out_features,
                                                                     in_features):
     # SmolLM2's gate|up (3072 x 576), down (576 x 1536) and q|k|v (960 x 576) matrices, large
     # enough to run on PyTorch's thread team, in tasks whose last block is narrower (and 1000
-    # features: a last panel of 8); from 5 rows on each block prefetches the next, 12 and 20
-    # rows in a group of 8 and a shorter one
+    # features: a last panel of 8); from 5 rows on each block prefetches the next; 10 and 12
+    # rows in one group across 2 panels, 20 in groups of 8 and a shorter one
     weight, x, bias, addend = _case(rows, out_features, in_features, seed=rows)
     pairs = pack_panels(weight, pairs=True)
     got = panel_matmul(x, pairs, out_features, bias, addend)
