@@ -302,21 +302,27 @@ def test_speculative_benchmark_rows(tmp_path):
     assert bench.parse_strategy("(6,8,32)") == Strategy(6, 8, 32)
 
 
-def test_draft_level_attention_sees_committed_slots_and_its_ancestors_only():
+@pytest.mark.parametrize("lengths, read_len", [([5, 2, 9], None), ([6, 6, 6], None),
+                                               ([6, 6, 6], 20), ([7], None)])
+def test_draft_level_attention_sees_committed_slots_and_its_ancestors_only(lengths, read_len):
     """attention_plan with `before` uncommitted slots (the draft tree's earlier levels):
-    checked entry by entry against the definition, ragged rows, tree and causal masks."""
+    checked entry by entry against the definition, tree and causal masks, for ragged rows,
+    equal rows (their plan built without a per-row gather) and a fixed read_len."""
     from tlt_core.model.attention_plan import attention_plan
     from tlt_core.model.kv_cache import CacheShape, KVCache
 
     g = torch.Generator().manual_seed(0)
-    cache = KVCache(CacheShape(1, 3, 1, 32, 2))
-    cache.set_lengths([5, 2, 9])
+    B = len(lengths)
+    cache = KVCache(CacheShape(1, B, 1, 32, 2))
+    cache.set_lengths(lengths)
     before, T = 4, 3
-    ancestors = torch.rand(3, T, before + T, generator=g) < 0.5
+    ancestors = torch.rand(B, T, before + T, generator=g) < 0.5
     for tree_mask in (ancestors, None):
-        plan = attention_plan((3, T), cache, tree_mask, torch.device("cpu"), before=before)
-        assert plan.read_len == 9 + before + T
-        for b, length in enumerate([5, 2, 9]):
+        plan = attention_plan((B, T), cache, tree_mask, torch.device("cpu"), before=before,
+                              read_len=read_len)
+        assert plan.read_len == (max(lengths) + before + T if read_len is None else read_len)
+        assert plan.mask.shape == (B, 1, T, plan.read_len)
+        for b, length in enumerate(lengths):
             assert plan.write_slots[b].tolist() == [length + before + i for i in range(T)]
             for i in range(T):
                 for s in range(plan.read_len):

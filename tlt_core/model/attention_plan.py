@@ -42,18 +42,27 @@ def attention_plan(shape: torch.Size | tuple[int, int], cache, tree_mask: torch.
         return AttentionPlan((tree_mask | own)[:, None], None, T)
     span = before + T  # uncommitted slots the new tokens may see
     lengths = cache.lengths  # (B,) committed slots
+    uniform = False  # every row has the same committed slots (a batch of one always does)
     if read_len is None:
         cache.check_room(span)
         read_len = cache.longest() + span
+        uniform = int(cache.host_lengths.min()) == read_len - span
     if tree_mask is None:
         allowed = torch.ones(T, span, dtype=torch.bool, device=device).tril(before)
     else:
         allowed = tree_mask.clone()  # (B, T, span)
         allowed[..., before:] |= own
+    write_slots = lengths[:, None] + before + torch.arange(T, device=device)  # (B, T)
+    if uniform:  # the committed slots, then `allowed`: no per-row gather (a fixed read_len
+        # never comes here: its lengths change between the replays of a captured graph)
+        committed = read_len - span
+        mask = torch.empty(B, 1, T, read_len, dtype=torch.bool, device=device)
+        mask[..., :committed] = True
+        mask[..., committed:] = allowed[:, None] if allowed.dim() == 3 else allowed
+        return AttentionPlan(mask, write_slots, read_len)
     rel = torch.arange(read_len, device=device) - lengths[:, None]  # (B, S) slot - lengths
     in_span = (rel >= 0) & (rel < span)  # (B, S) uncommitted slots
     index = rel.clamp(0, span - 1)[:, None, :].expand(B, T, read_len)  # (B, T, S)
     sees = allowed.expand(B, T, span).gather(2, index) & in_span[:, None]  # (B, T, S)
     mask = (rel < 0)[:, None, :] | sees  # (B, T, S): committed prefix + allowed uncommitted
-    write_slots = lengths[:, None] + before + torch.arange(T, device=device)  # (B, T)
     return AttentionPlan(mask[:, None], write_slots, read_len)
