@@ -601,9 +601,10 @@ def fuzz_add_rms_norm(data) -> bool:
 
 
 def fuzz_panel_matmul(data) -> bool:
-    # up to 10 rows: one group of 1-3 rows across panels, or groups of 4-6 down one panel and a
-    # rest; in bfloat16 pairs, a group of up to 8 and a rest
-    rows, out_features = data.draw(st.integers(0, 10)), data.draw(st.integers(1, 20))
+    # up to 20 rows: one group of 1-3 rows across panels, or groups of 4-6 down one panel and a
+    # rest; in bfloat16 pairs, one group of up to 12, or groups of 8 and a rest; up to 5 panels,
+    # so blocks of 1-4 and, from 5 rows, the next block prefetched
+    rows, out_features = data.draw(st.integers(0, 20)), data.draw(st.integers(1, 80))
     in_features = data.draw(st.integers(1, 12))
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
