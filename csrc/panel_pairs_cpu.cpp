@@ -44,8 +44,8 @@ constexpr int64_t kPrefetchPairs = 16;
 // steps, so the memory streams at the pace of the arithmetic (SmolLM2's layers, two builds
 // alternated four times: 1.15-1.2x at 8-16 rows, 1.1x at 32 and 64; at 2-4 rows it cost 5%).
 constexpr int kSpreadFromRows = 5;
-// One claimed unit of work: a contiguous run of up to this many panels (3.4 MB of SmolLM2's
-// 576-feature matrices, 9 MB of its 1536-feature one), and a whole number of tasks for each
+// One claimed unit of work: a contiguous run of up to this many panels (3.5 MB at SmolLM2's
+// K = 576, 9.4 MB at K = 1536) and at least kMinPanelsPerTask, a whole number of tasks for each
 // thread of the team, so equal threads finish together; each task's first block is the one that
 // no earlier block prefetched, and the memory's own prefetchers follow one long stream better
 // than many short ones (SmolLM2's layers against tasks of at most 12 panels, at least 4 a call,
