@@ -40,12 +40,14 @@ for stage in "${STAGES[@]}"; do
       cp "$DRAFTER/drafter_config.json" "$RESULTS/drafter_train_smollm2_bf16_cpu.json" ;;
     speculative)
       # batch 1 (the tail), three interleaved reps: at T = 1 sampled chains beside the
-      # deterministic chain, at T = 0 a chain and two trees
-      tlt bench speculative "${COMMON[@]}" --temperature 1 --batch 1 --strategy s4 \
-        --strategy s6 --strategy 6,1,7 --reps 3 --requests 4 --max-tokens 256 \
+      # deterministic chain, at T = 0 a chain and three trees (12 verified tokens is the best
+      # tree where a pass that wide is bound by the arithmetic: the Zen 5 in docs/results.md)
+      tlt bench speculative "${COMMON[@]}" --temperature 1 --batch 1 --strategy s3 \
+        --strategy s4 --strategy s6 --strategy 6,1,7 --reps 3 --requests 4 --max-tokens 256 \
         --json "$RESULTS/speculative_smollm2_bf16_t1_sampled_batch1_cpu.json"
       tlt bench speculative "${COMMON[@]}" --temperature 0 --batch 1 --strategy 6,1,7 \
-        --strategy 5,4,16 --strategy 6,4,24 --reps 3 --requests 4 --max-tokens 256 \
+        --strategy 5,4,12 --strategy 5,4,16 --strategy 6,4,24 --reps 3 --requests 4 \
+        --max-tokens 256 \
         --json "$RESULTS/speculative_smollm2_bf16_t0_batch1_cpu.json" ;;
     batches)
       # batches 4-64 at T = 0, two plans, one rep; then float32, where greedy SD must equal
