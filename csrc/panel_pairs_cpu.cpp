@@ -33,11 +33,12 @@ namespace {
 // a cycle.
 constexpr int kRowGroup = 8;
 // From 2 rows on, a row group's dot products are enough to delay the memory stream, so each
-// block streams its own panels' lines this many pairs (1 KB) ahead (SmolLM2's layers, 2 Zen 5
+// block streams its own panels' lines this many pairs (2 KB) ahead (SmolLM2's layers, 2 Zen 5
 // cores, bench/panel_layers.py, two builds alternated five times: 1.04x at 2 rows, 1.09x at 3;
-// at one row it cost 3%).
+// at one row it cost 3%; 32 pairs against 16, alternated in one process: 1.04-1.08x at 2-4
+// rows, sampled(2) and sampled(3) at batch 1 1.03x; 64 pairs 1.00-1.03x).
 constexpr int kPrefetchFromRows = 2;
-constexpr int64_t kPrefetchPairs = 16;
+constexpr int64_t kPrefetchPairs = 32;
 // From 5 rows on, the dot products outlast the memory's time for the lines, and a stream a few
 // lines ahead still leaves the memory idle while they run (and through every later row group):
 // there each block's row groups prefetch the whole next block instead, spread over all of their
