@@ -184,21 +184,22 @@ struct Call {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
   }
 
-  // Rows [r0, r0 + group) of the C panels from p, 1 <= group <= MaxRows.
+  // Rows [r0, r0 + group) of the C panels from p, 1 <= group <= MaxRows: `ahead`'s prefetches
+  // as template arguments, then the group size.
   template <int C, int MaxRows>
   void vector_group(int64_t p, int64_t r0, int group, Ahead ahead) const {
     if (ahead.lines != 0) {
-      if (ahead.stream) return vector_group<C, MaxRows, true, true>(p, r0, group, ahead);
-      return vector_group<C, MaxRows, false, true>(p, r0, group, ahead);
+      if (ahead.stream) return vector_sized<C, MaxRows, true, true>(p, r0, group, ahead);
+      return vector_sized<C, MaxRows, false, true>(p, r0, group, ahead);
     }
-    if (ahead.stream) return vector_group<C, MaxRows, true, false>(p, r0, group, ahead);
-    vector_group<C, MaxRows, false, false>(p, r0, group, ahead);
+    if (ahead.stream) return vector_sized<C, MaxRows, true, false>(p, r0, group, ahead);
+    vector_sized<C, MaxRows, false, false>(p, r0, group, ahead);
   }
   template <int C, int MaxRows, bool Stream, bool Spread, int G = 1>
-  void vector_group(int64_t p, int64_t r0, int group, Ahead ahead) const {
+  void vector_sized(int64_t p, int64_t r0, int group, Ahead ahead) const {
     if constexpr (G < MaxRows) {
       if (group != G)
-        return this->template vector_group<C, MaxRows, Stream, Spread, G + 1>(p, r0, group,
+        return this->template vector_sized<C, MaxRows, Stream, Spread, G + 1>(p, r0, group,
                                                                              ahead);
     }
     vector_block<G, C, Stream, Spread>(p, r0, ahead);

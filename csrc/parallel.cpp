@@ -162,16 +162,22 @@ Pool& pool() {
 using GompParallel = void (*)(void (*fn)(void*), void* data, unsigned num_threads,
                               unsigned flags);
 
-// The loaded libgomp's GOMP_parallel, or null. RTLD_NOLOAD: never loads one of our own (a second
-// OpenMP runtime is what parallel.h avoids). A miss is not cached: PyTorch may load it later.
-GompParallel loaded_gomp_parallel() {
-  static std::atomic<GompParallel> found{nullptr};
-  if (GompParallel entry = found.load()) return entry;
+// `name` in the libgomp this process has already loaded, or null (cached in `found`).
+// RTLD_NOLOAD: never loads one of our own (a second OpenMP runtime is what parallel.h avoids).
+// A miss is not cached: PyTorch may load it later.
+template <typename Entry>
+Entry loaded_gomp(const char* name, std::atomic<Entry>& found) {
+  if (Entry entry = found.load()) return entry;
   void* library = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (library == nullptr) return nullptr;
-  auto entry = reinterpret_cast<GompParallel>(dlsym(library, "GOMP_parallel"));
+  auto entry = reinterpret_cast<Entry>(dlsym(library, name));
   found.store(entry);
   return entry;  // the handle stays open: the library is in use for the process's life anyway
+}
+
+GompParallel loaded_gomp_parallel() {
+  static std::atomic<GompParallel> found{nullptr};
+  return loaded_gomp("GOMP_parallel", found);
 }
 
 using GompMaxThreads = int (*)();
@@ -180,15 +186,9 @@ using GompMaxThreads = int (*)();
 
 int openmp_team_size() {
   static std::atomic<GompMaxThreads> found{nullptr};
-  GompMaxThreads entry = found.load();
-  if (entry == nullptr) {
-    if (void* library = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD)) {
-      entry = reinterpret_cast<GompMaxThreads>(dlsym(library, "omp_get_max_threads"));
-      found.store(entry);
-    }
-  }
-  if (entry == nullptr || loaded_gomp_parallel() == nullptr) return configured_threads();
-  return std::max(1, entry());
+  const GompMaxThreads max_threads =
+      loaded_gomp_parallel() == nullptr ? nullptr : loaded_gomp("omp_get_max_threads", found);
+  return max_threads == nullptr ? configured_threads() : std::max(1, max_threads());
 }
 
 void parallel_for_on_openmp_team(int64_t n, const std::function<void(int64_t)>& body) {

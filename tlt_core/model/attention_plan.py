@@ -46,7 +46,7 @@ def attention_plan(shape: torch.Size | tuple[int, int], cache, tree_mask: torch.
     if read_len is None:
         cache.check_room(span)
         read_len = cache.longest() + span
-        uniform = int(cache.host_lengths.min()) == read_len - span
+        uniform = int(cache.host_lengths.min()) == cache.longest()
     if tree_mask is None:
         allowed = torch.ones(T, span, dtype=torch.bool, device=device).tril(before)
     else:
