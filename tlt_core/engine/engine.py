@@ -140,6 +140,7 @@ class _Run:
     drafting: bool  # the drafter follows every committed position (a plan may use it)
     hidden_layers: tuple[int, ...]  # target layers every pass returns (drafter, harvest)
     start: float  # time.perf_counter() when the call began
+    min_tokens: bool  # some sample masks its stop ids for a while (SamplingParams.min_tokens)
     running: list[_Sample] = field(default_factory=list)  # row i runs running[i]
     finished: list[Rollout] = field(default_factory=list)
     steps: int = 0
@@ -149,6 +150,10 @@ class _Run:
 
     def clock(self) -> float:
         return time.perf_counter() - self.start
+
+    def masks_stops(self) -> bool:
+        """Whether a running row is still short of its min_tokens: the step masks stops."""
+        return self.min_tokens and any(len(s.tokens) < s.params.min_tokens for s in self.running)
 
 
 @dataclass(frozen=True)
@@ -286,10 +291,12 @@ class RolloutEngine:
         plans = (strategy,) if isinstance(strategy, DraftPlan) else tuple(
             getattr(strategy, "plans", ()))  # a policy's plans, where it names them
         longest = max((len(s.prompt_ids) + s.params.max_tokens for s in waiting), default=0)
+        min_tokens = any(s.params.min_tokens for s in waiting)
         self._passes.prepare(tuple(p for p in plans if drafting or not p.uses_drafter),
-                             hidden_layers, len(waiting), longest + self.config.spec_reserve)
+                             hidden_layers, len(waiting), longest + self.config.spec_reserve,
+                             mask_stops=min_tokens)
         return _Run(waiting, choose, tuple(o for o in (told, observe) if o is not None), index,
-                    drafting, hidden_layers, time.perf_counter())
+                    drafting, hidden_layers, time.perf_counter(), min_tokens)
 
     def _admit(self, run: _Run) -> None:
         """Admit waiting samples into the free rows after the running block: prefill their
@@ -317,13 +324,15 @@ class RolloutEngine:
         for row, sample in enumerate(admitted):
             prompts[row, :len(sample.prompt_ids)] = torch.tensor(sample.prompt_ids)
             sample.admitted_s = now
-            self.rows.admit(first_row + row, sample.seed, sample.params)
+            self.rows.admit(first_row + row, sample.seed, sample.params, lengths[row])
         prompts = prompts.to(device)
         prompt_lens = torch.tensor(lengths, device=device)  # (B_new,)
         out = self._prefill(prompts, prompt_lens, lengths, view, run.hidden_layers)
         self._harvest(run, admitted, prompts, out.hidden_states, lengths)
         rows = slice(first_row, first_row + count)
         last_index = torch.arange(count, device=device), prompt_lens - 1
+        if any(sample.params.min_tokens for sample in admitted):
+            self.rows.mask_stops(out.logits, last_index[1][:, None], rows)
         tokens, logprobs = sample_roots(out.logits[:, 0], prompts[last_index],
                                         **self.rows.sampling(rows))
         if run.drafting:  # pairs (f_t, x_{t+1}): the prompt shifted by one, then the new token
@@ -414,7 +423,7 @@ class RolloutEngine:
         the tokens kept (one per row)."""
         batch = len(run.running)
         roots = self.rows.last[:batch]  # (B,)
-        sampled = self._passes.plain(batch, run.hidden_layers)
+        sampled = self._passes.plain(batch, run.hidden_layers, run.masks_stops())
         ones = torch.ones(batch, dtype=torch.int64, device=self.device)
         self.cache.rows(0, batch).commit(ones, host=1)
         # the step's one host sync
@@ -440,7 +449,7 @@ class RolloutEngine:
         started = self.step_clock.mark()
         tree = self._draft(run, plan)
         drafted = self.step_clock.mark()
-        verified = self._passes.verify(batch, plan, tree, run.hidden_layers)
+        verified = self._passes.verify(batch, plan, tree, run.hidden_layers, run.masks_stops())
         verified_at = self.step_clock.mark()
         committed = self._accept(verified, plan.is_chain)
         kept = self._commit(run, committed, drafter_next=plan.uses_drafter,
@@ -599,6 +608,10 @@ class RolloutEngine:
             bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"requests[{position}].prompt_ids: token id {bad[0]} is "
+                                 f"outside the vocabulary [0, {self.vocab_size})")
+            bad = [t for t in request.params.stop_ids if not 0 <= t < self.vocab_size]
+            if bad and request.params.min_tokens:  # masked in the logits, so they must index
+                raise ValueError(f"requests[{position}].params.stop_ids: token id {bad[0]} is "
                                  f"outside the vocabulary [0, {self.vocab_size})")
             need = len(request.prompt_ids) + request.params.max_tokens
             if need > self.config.max_len:

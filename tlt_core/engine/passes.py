@@ -4,12 +4,16 @@ how they run: `EagerPasses` at the running batch's own shapes (the readable trut
 (held to the eager passes by tests/test_step_graphs.py).
 
 `DecodePasses`, what a step runs over the running rows [0, batch):
-- `prepare(plans, layers, max_batch, max_context)`: at a call's start, before any row runs;
-- `plain(batch, layers)`: the target's one-token pass and the sampling kernel -> `Sampled`;
+- `prepare(plans, layers, max_batch, max_context, mask_stops)`: at a call's start, before any
+  row runs;
+- `plain(batch, layers, mask_stops)`: the target's one-token pass and the sampling kernel ->
+  `Sampled`;
 - `draft(batch, plan, keys, suffix_index)`: the plan's trees (the caller flushed the drafter's
   backlog when the plan uses it);
-- `verify(batch, plan, tree, layers)`: the target's pass over `draft`'s trees (causal for
-  chains, tree-masked otherwise) and the verification kernel -> `Verified`;
+- `verify(batch, plan, tree, layers, mask_stops)`: the target's pass over `draft`'s trees
+  (causal for chains, tree-masked otherwise) and the verification kernel -> `Verified`;
+  mask_stops: some row is still short of its min_tokens, so the logits get RowState.mask_stops
+  before the kernel (both passes, so plain and speculative steps sample the same distribution);
 - `catch_up(batch, following, target_hidden, counts, host_counts, width)`: the drafter's pass
   over the pairs a speculative step committed (DrafterRows.extend), before it drafts again;
 - `memory()`: the graphs held and what their captures reserved.
@@ -58,11 +62,12 @@ class Verified:
 
 class DecodePasses(Protocol):
     def prepare(self, plans: Sequence[DraftPlan], layers: tuple[int, ...], max_batch: int,
-                max_context: int) -> None:
+                max_context: int, mask_stops: bool = False) -> None:
         """A call's start: it runs `plans` over at most max_batch rows of at most max_context
-        slots, returning `layers`; no row is running."""
+        slots, returning `layers`, masking stops in some steps if mask_stops; no row is
+        running."""
 
-    def plain(self, batch: int, layers: tuple[int, ...]) -> Sampled:
+    def plain(self, batch: int, layers: tuple[int, ...], mask_stops: bool = False) -> Sampled:
         """Forward each row's root, sample its next token."""
 
     def draft(self, batch: int, plan: DraftPlan, keys: Sequence[Hashable],
@@ -70,7 +75,7 @@ class DecodePasses(Protocol):
         """The trees verify takes (keys: each row's handle in suffix_index)."""
 
     def verify(self, batch: int, plan: DraftPlan, tree: ops.DraftTree,
-               layers: tuple[int, ...]) -> Verified:
+               layers: tuple[int, ...], mask_stops: bool = False) -> Verified:
         """The target's pass over draft's trees and the verification kernel's verdict."""
 
     def catch_up(self, batch: int, following: torch.Tensor,
@@ -93,10 +98,10 @@ class EagerPasses:
         self.pool_kind = pool
 
     def prepare(self, plans: Sequence[DraftPlan], layers: tuple[int, ...], max_batch: int,
-                max_context: int) -> None:
+                max_context: int, mask_stops: bool = False) -> None:
         """Nothing to capture, and an eager pass checks the packed weights it reads itself."""
 
-    def plain(self, batch: int, layers: tuple[int, ...]) -> Sampled:
+    def plain(self, batch: int, layers: tuple[int, ...], mask_stops: bool = False) -> Sampled:
         view, roots = self.cache.rows(0, batch), self.rows.last[:batch]  # roots (B,)
         if layers:  # the features too, for the drafter or the harvest
             out = self.model.step(roots[:, None], view.lengths[:, None], view,
@@ -104,6 +109,8 @@ class EagerPasses:
             logits, hidden = out.logits[:, 0], out.hidden_states  # (B, V), (B, 1, H) each
         else:
             logits, hidden = self.model.next_token_logits(roots, view), ()  # (B, V)
+        if mask_stops:
+            self.rows.mask_stops(logits[:, None], view.lengths[:, None], slice(0, batch))
         tokens, logprobs = sample_roots(logits, roots, **self.rows.sampling(slice(0, batch)))
         return Sampled(tokens, logprobs, hidden)
 
@@ -118,7 +125,7 @@ class EagerPasses:
                                        self.rows.sampling(slice(0, batch))))
 
     def verify(self, batch: int, plan: DraftPlan, tree: ops.DraftTree,
-               layers: tuple[int, ...]) -> Verified:
+               layers: tuple[int, ...], mask_stops: bool = False) -> Verified:
         N = tree.tokens.shape[1]
         view = self.cache.rows(0, batch)
         if plan.is_chain:  # node i sees nodes 0..i: the causal mask
@@ -129,6 +136,8 @@ class EagerPasses:
             positions, tree_mask = meta.positions, ops.unpack_tree_mask(meta.mask, N)  # (B, N)
         out = self.model.step(tree.tokens, positions, view, tree_mask=tree_mask,
                               hidden_layers=layers)  # logits (B, N, V)
+        if mask_stops:
+            self.rows.mask_stops(out.logits, positions, slice(0, batch))
         verdict = ops.verify_tree_sampling(
             out.logits, tree.tokens, tree.parents, num_nodes=tree.num_nodes, validate=False,
             draft_probs=tree.draft_probs, **self.rows.sampling(slice(0, batch)))

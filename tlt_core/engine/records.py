@@ -26,11 +26,18 @@ from tlt_core.engine.hooks import StepOutcome
 # the last no upper one.
 POSITION_BUCKET_EDGES: tuple[int, ...] = (256, 1024)
 POSITION_BUCKET_LABELS: tuple[str, ...] = ("0-256", "256-1k", "1k+")
+# The stop ids min_tokens masks per row are held in a fixed-width tensor (a captured graph's
+# input); models end a turn with one to a few ids.
+MAX_MASKED_STOP_IDS = 8
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one request. temperature 0 is greedy; top_k <= 0 and top_p = 1 are off."""
+    """How to sample one request. temperature 0 is greedy; top_k <= 0 and top_p = 1 are off.
+    min_tokens (vLLM's): the stop ids have probability 0 until the sample holds that many
+    tokens, in plain and speculative steps alike, so min_tokens = max_tokens decodes exactly
+    max_tokens tokens that stay a response (the model continues it instead of writing past its
+    end of turn); the logprobs are those of the distribution sampled, stops masked."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -39,6 +46,7 @@ class SamplingParams:
     stop_ids: tuple[int, ...] = ()
     seed: int | None = None  # None: derived from the engine's seed and the request's index
     n: int = 1  # samples per prompt (a GRPO group)
+    min_tokens: int = 0
 
     def __post_init__(self):
         if not (self.temperature >= 0 and self.temperature < float("inf")):
@@ -54,6 +62,13 @@ class SamplingParams:
             raise ValueError(f"n: must be >= 1, got {self.n}")
         if not isinstance(self.stop_ids, tuple):
             object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
+        if (isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int)
+                or not 0 <= self.min_tokens <= self.max_tokens):
+            raise ValueError(f"min_tokens: must be an int in [0, max_tokens = {self.max_tokens}],"
+                             f" got {self.min_tokens!r}")
+        if self.min_tokens and len(set(self.stop_ids)) > MAX_MASKED_STOP_IDS:
+            raise ValueError(f"stop_ids: min_tokens can mask at most {MAX_MASKED_STOP_IDS} "
+                             f"distinct stop ids, got {len(set(self.stop_ids))}")
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,11 @@
 graphs on a GPU, the same code run eagerly on the CPU.
 
 Four passes, each keyed by its shapes (a graph per key, in one GraphPool):
-- ("plain", b, c, layers): the target's one-token pass and the sampling kernel;
+- ("plain", b, c, layers, mask_stops): the target's one-token pass and the sampling kernel;
 - ("draft", b, c, plan): a learned drafter's levels for one plan (chains, trees, sampled
   chains), select_tree included;
-- ("verify", b, c, N, chain, sampled, layers): the target's pass over N tree nodes and the
-  verification kernel;
+- ("verify", b, c, N, chain, sampled, layers, mask_stops): the target's pass over N tree nodes
+  and the verification kernel;
 - ("catch_up", b, c, N): the drafter's pass over the pairs a speculative step committed,
   padded to N per row, before it drafts again.
 
@@ -95,14 +95,14 @@ class StepGraphs:
     # ---- the passes --------------------------------------------------------------------------
 
     def prepare(self, plans: Sequence[DraftPlan], layers: tuple[int, ...], max_batch: int,
-                max_context: int) -> None:
+                max_context: int, mask_stops: bool = False) -> None:
         """A call's start: the weights refreshed, and on a GPU every pass the call may run
         captured now, on scratch state (no row is running)."""
         self.check_weights()
         if max_batch and self.pool.enabled:
-            self.capture(plans, layers, max_batch, max_context)
+            self.capture(plans, layers, max_batch, max_context, mask_stops)
 
-    def plain(self, batch: int, layers: tuple[int, ...]) -> Sampled:
+    def plain(self, batch: int, layers: tuple[int, ...], mask_stops: bool = False) -> Sampled:
         """The plain step's pass over rows [0, batch)."""
         b = self.batch_edge(batch)
         c = self.context_edge(self._longest(batch) + 1)
@@ -111,11 +111,13 @@ class StepGraphs:
             roots, view = self.rows.last[:b], self.cache.rows(0, b)
             out = self.model.step(roots[:, None], view.lengths[:, None], view,
                                   hidden_layers=layers, read_len=c)
+            if mask_stops:
+                self.rows.mask_stops(out.logits, view.lengths[:, None], slice(0, b))
             tokens, logprobs = sample_roots(out.logits[:, 0], roots,
                                             **self.rows.sampling(slice(0, b)))
             return tokens, logprobs, out.hidden_states
 
-        tokens, logprobs, hidden = self.pool.run(("plain", b, c, layers), plain_pass)
+        tokens, logprobs, hidden = self.pool.run(("plain", b, c, layers, mask_stops), plain_pass)
         return Sampled(tokens[:batch], logprobs[:batch], tuple(h[:batch] for h in hidden))
 
     def draft(self, batch: int, plan: DraftPlan, keys: Sequence[Hashable],
@@ -155,7 +157,7 @@ class StepGraphs:
                 (tree.draft_probs, tree.draft_probs[:1].expand(pad, -1, -1))))
 
     def verify(self, batch: int, plan: DraftPlan, tree: ops.DraftTree,
-               layers: tuple[int, ...]) -> Verified:
+               layers: tuple[int, ...], mask_stops: bool = False) -> Verified:
         """The target's pass over draft's padded trees and the verification kernel, cut to
         rows [0, batch); the tree is the one the graph holds (stable until the next verify,
         unlike draft's)."""
@@ -178,12 +180,14 @@ class StepGraphs:
                 positions, mask = rest[:2]
             out = self.model.step(tokens, positions, view, tree_mask=mask, hidden_layers=layers,
                                   read_len=c)
+            if mask_stops:
+                self.rows.mask_stops(out.logits, positions, slice(0, b))
             verdict = ops.verify_tree_sampling(
                 out.logits, tokens, parents, num_nodes=num_nodes, validate=False,
                 draft_probs=rest[-1] if sampled else None, **self.rows.sampling(slice(0, b)))
             return out.hidden_states, verdict
 
-        key = ("verify", b, c, N, chain, sampled, layers)
+        key = ("verify", b, c, N, chain, sampled, layers, mask_stops)
         hidden, verdict = self.pool.run(key, verify_pass, *inputs)
         if key in self.pool:
             held = self.pool.static_inputs(key)
@@ -216,10 +220,11 @@ class StepGraphs:
 
     @torch.inference_mode()
     def capture(self, plans: Sequence[DraftPlan], layers: tuple[int, ...], max_batch: int,
-                max_context: int) -> None:
+                max_context: int, mask_stops: bool = False) -> None:
         """Captures every pass a call may run, for batches up to max_batch and contexts up to
-        max_context, on an engine with no running rows (scratch state: every row free). On
-        the CPU it runs each pass once, eagerly (what tests exercise)."""
+        max_context (with and without masked stops if mask_stops), on an engine with no running
+        rows (scratch state: every row free). On the CPU it runs each pass once, eagerly (what
+        tests exercise)."""
         top = self.batch_edge(min(max_batch, self.batch_edges[-1]))  # more samples queue
         batches = [b for b in self.batch_edges if b <= top]
         # The scratch rows' length at each context edge leaves room for every pass a plan
@@ -233,12 +238,13 @@ class StepGraphs:
                 if c > self.context_edge(max_context):
                     break
                 self.cache.set_lengths(length if c > FIRST_CONTEXT_EDGE else 0, slice(0, b))
-                self.plain(b, layers)
-                for plan in plans:
-                    tree = self._scratch_tree(b, plan, suffix_index)
-                    self.verify(b, plan, tree, layers)
-                    if plan.uses_drafter and self.drafter_rows is not None:
-                        self._scratch_catch_up(b, plan.num_verify_tokens)
+                for masked in (False, True)[:1 + mask_stops]:
+                    self.plain(b, layers, masked)
+                    for plan in plans:
+                        tree = self._scratch_tree(b, plan, suffix_index)
+                        self.verify(b, plan, tree, layers, masked)
+                        if plan.uses_drafter and self.drafter_rows is not None:
+                            self._scratch_catch_up(b, plan.num_verify_tokens)
         self.cache.set_lengths(0)
         if self.drafter_rows is not None:
             self.drafter_rows.reset()
