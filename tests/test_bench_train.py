@@ -86,12 +86,22 @@ def test_forced_lengths_keep_grpo_groups_and_bad_lengths_are_named():
     # siblings draw their own samples (each its own seed)
     firsts = [tuple(r.tokens[:1].tolist()) for r in batch.rollouts]
     assert len(set(firsts)) > 1
+    # too many stop ids to mask (every token) are dropped; a model's few are masked instead
+    tallies = torch.bincount(torch.cat([r.tokens for r in batch.rollouts]))
+    stops = tuple(int(t) for t in tallies.topk(2).indices)
+    masked = RLDriver(inputs.policy, inputs.prompts, inputs.reward_fn, inputs.detokenize, stops,
+                      replace(CONFIG, tlt=False), forced_lengths=lengths)._collect(step=0)
+    for j, rollout in enumerate(masked.rollouts):
+        assert len(rollout.tokens) == lengths(0, *divmod(j, 3))
+        assert not set(rollout.tokens.tolist()) & set(stops)
     with pytest.raises(ValueError, match=r"forced_lengths: step 0, prompt 0, sample 0 got 13"):
         driver(lambda step, prompt, sample: 13).step()  # past max_new_tokens
     with pytest.raises(ValueError, match="forced_lengths: .* got 0"):
         driver(lambda step, prompt, sample: 0).step()
     with pytest.raises(ValueError, match="forced_lengths: .*mask_truncated_completions"):
         driver(lengths, mask_truncated_completions=True)
+    with pytest.raises(ValueError, match="forced_lengths: .*old_logprobs recompute or auto"):
+        driver(lengths, old_logprobs="rollout")
 
 
 def test_per_token_summary_from_hand_made_rows():

@@ -25,9 +25,10 @@ for SD_OFF. Calibration runs on its own state: copies of the requests, and a fre
 index per measurement, so it neither reads nor adds to the engine's history.
 
 Calibration needs steps, not text, so it runs every request as one sample of exactly
-`max_tokens` tokens with its stop ids dropped: a model whose first token ends its turn still
-decodes. Past a stop id the model continues a text no workload has, so a plan's acceptance
-there can differ from the workload's; the adaptive loop corrects the prediction with the
+`max_tokens` tokens, its stop ids masked throughout (tlt_core.engine.records.exact_length): a
+model whose first token ends its turn still decodes, and goes on with its response rather than
+past its end of turn (a text no workload has). The text is still not quite the workload's, so a
+plan's acceptance can differ there; the adaptive loop corrects the prediction with the
 workload's own steps. A prompt that would leave fewer than `max_tokens` slots in `EngineConfig.max_len` keeps
 its last tokens only (the end of a chat prompt is what a response follows).
 
@@ -53,7 +54,7 @@ from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.suffix_index import SuffixIndex
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
 from tlt_core.engine.hooks import StepOutcome
-from tlt_core.engine.records import Request
+from tlt_core.engine.records import Request, exact_length
 
 PLAIN_KEY, SD_OFF_KEY = "plain", "off"
 # a context fit whose longest context is at least this many times the mean the rates were
@@ -169,7 +170,7 @@ def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequen
     """Measures engine's tokens per second for every batch in batches (at most
     engine.config.max_batch) and every plan and plain decoding (and, with sd_off, plain
     decoding with speculation off: SD_OFF), on copies of calibration_requests (a few prompts
-    like the workload's) run to max_tokens each, stop ids dropped (see the module docstring,
+    like the workload's) run to max_tokens each, stop ids masked (see the module docstring,
     also for what it leaves out when a batch size cannot be timed). reps > 1 sweeps every
     measurement that many times and keeps medians: a sweep is seconds long, and on a shared
     machine a burst of someone else's work can slow one sweep by 10%; the median ignores it.
@@ -198,7 +199,7 @@ def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequen
     # untimed: a process's first generate call pays one-time costs (thread pools, packed
     # weights) that would land in the first measurement's admission time
     first = requests[0]
-    engine.generate([replace(first, params=replace(first.params, max_tokens=min(2, tokens)))],
+    engine.generate([replace(first, params=exact_length(first.params, min(2, tokens)))],
                     _Recorder(None, 1), suffix_index=SuffixIndex())
     measured = (SD_OFF,) * sd_off + (None,) + tuple(plans)
     # per (batch, key), one entry per sweep that timed a step: seconds per full-batch step,
@@ -254,10 +255,10 @@ def _table_key(plan: DraftPlan | _SdOff | None) -> str:
 
 
 def _timing_request(request: Request, tokens: int, max_len: int) -> Request:
-    """request as calibration runs it: one sample of exactly `tokens` tokens (no stop ids),
+    """request as calibration runs it: one sample of exactly `tokens` tokens (exact_length),
     its prompt cut to its last max_len - tokens tokens."""
     return replace(request, prompt_ids=request.prompt_ids[-(max_len - tokens):],
-                   params=replace(request.params, n=1, max_tokens=tokens, stop_ids=()))
+                   params=replace(exact_length(request.params, tokens), n=1))
 
 
 def _stretched(rows: list[Request], long_context: int, tokens: int, config: EngineConfig

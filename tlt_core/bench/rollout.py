@@ -5,9 +5,13 @@ a noise floor.
 Workloads (`--workload`, 8 prompts x 8 samples at T = 1):
 - natural: each response ends at the model's own end of turn or max_tokens (1024 with --model);
 - trace: the same prompts, each row decoded to exactly a length drawn from a long-tailed
-  distribution (tlt_core.bench.length_trace: lognormal, p99 10x the median; or --trace-file), its
-  stop ids dropped: a forced output length, as vLLM's benchmarks fix one, labelled as such;
-- no_tail: the same prompts, every row the same length (the trace's median), stop ids dropped.
+  distribution (tlt_core.bench.length_trace: lognormal, p99 10x the median; or --trace-file): a
+  forced output length, as vLLM's benchmarks fix one, labelled as such. Its stop ids are masked
+  up to that length (tlt_core.engine.records.exact_length), so the model keeps writing its
+  response, as a long RL response does, instead of decoding on past its end of turn into text
+  no response holds (what dropping the stop ids gives: SmolLM2 then writes new chat turns and,
+  at T = 1, drifts into noise a drafter cannot predict);
+- no_tail: the same prompts, every row the same length (the trace's median), stops masked alike.
 Modes, each on its own engine over the same model and drafter:
 - off: plain decoding, no drafter in the loop;
 - always: SD on every step with one plan (--always; default: the plan calibration predicts
@@ -57,7 +61,8 @@ from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.engine.records import Request, RolloutResult, SamplingParams
+from tlt_core.engine.records import (Request, RolloutResult, SamplingParams,
+                                     exact_length)
 from tlt_core.sim.simulator import calibration_dict
 
 WORKLOADS = ("natural", "trace", "no_tail")
@@ -145,13 +150,13 @@ def build_workloads(prompts: Sequence[tuple[int, ...]], stop_ids: tuple[int, ...
                          f"{len(rows)}")
     shape = tail_shape(lengths)
     natural = SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens, stop_ids=stop_ids)
+
+    def forced(length: int) -> SamplingParams:  # exactly `length` tokens, all of a response
+        return exact_length(natural, length)
     build = {
         "natural": lambda: [Request(p, natural) for p in rows],
-        "trace": lambda: [Request(p, SamplingParams(temperature=TEMPERATURE, max_tokens=n))
-                          for p, n in zip(rows, lengths)],
-        "no_tail": lambda: [Request(p, SamplingParams(temperature=TEMPERATURE,
-                                                      max_tokens=shape["median"]))
-                            for p in rows]}
+        "trace": lambda: [Request(p, forced(n)) for p, n in zip(rows, lengths)],
+        "no_tail": lambda: [Request(p, forced(shape["median"])) for p in rows]}
     requests = {name: build[name]() for name in names}
     longest_prompt = max(len(r.prompt_ids) for r in rows_of(requests) + calibration)
     return Workloads(requests, calibration, longest_prompt + max_tokens + 16, shape)

@@ -11,11 +11,12 @@ Workloads (`--workload`):
   out;
 - trace: each sample decodes to exactly a length drawn from a long-tailed distribution
   (tlt_core.bench.length_trace: a lognormal, p99 10.2x the median at sigma 1, or the lengths of
-  `--trace-file`), capped at max_new_tokens, its stop ids dropped: a forced output length, as
-  vLLM's benchmarks fix one, through the driver's `forced_lengths`. Sample j of the k-th prompt
-  of step s takes entry (s x prompts_per_step + k) x samples_per_prompt + j of the lengths
-  (`TraceLengths`), so all three runs decode the same lengths at the same (step, prompt,
-  sample), and the runs differ by their step rates alone.
+  `--trace-file`), capped at max_new_tokens, its stop ids masked up to it (so it stays a
+  response): a forced output length, as vLLM's benchmarks fix one, through the driver's
+  `forced_lengths`. Sample j of the k-th prompt of step s takes entry (s x prompts_per_step +
+  k) x samples_per_prompt + j of the lengths (`TraceLengths`), so all three runs decode the
+  same lengths at the same (step, prompt, sample), and the runs differ by their step rates
+  alone.
 
 The adaptive loop calibrates when the TLT run starts; its seconds count in TLT's step 0
 (`calibration_s`, inside that step's step_s and rollout_s). With `--calibration-cache` a
@@ -75,7 +76,7 @@ class TrainOptions(TraceOptions):
                            "--max-new-tokens; trace: each sample decodes to exactly a length "
                            "drawn from a long-tailed distribution (the lognormal of "
                            "--trace-median / --trace-sigma, or --trace-file), capped at "
-                           "--max-new-tokens, its stop ids dropped, the same lengths in every "
+                           "--max-new-tokens, its stop ids masked up to it, the same lengths in every "
                            "run", "natural", choices=WORKLOADS)
     steps: int = option("GRPO steps per run", 12)
     prompts_per_step: int | None = option("prompts per GRPO step (default: TrainConfig's)", None,

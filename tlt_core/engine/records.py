@@ -14,7 +14,7 @@ every speculative step also counts its rows and tokens per context bucket.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -69,6 +69,14 @@ class SamplingParams:
         if self.min_tokens and len(set(self.stop_ids)) > MAX_MASKED_STOP_IDS:
             raise ValueError(f"stop_ids: min_tokens can mask at most {MAX_MASKED_STOP_IDS} "
                              f"distinct stop ids, got {len(set(self.stop_ids))}")
+
+
+def exact_length(params: SamplingParams, length: int) -> SamplingParams:
+    """params decoding exactly `length` tokens (a forced output length, as vLLM's benchmarks fix
+    one): the stop ids masked throughout (min_tokens = max_tokens), so the text stays a
+    response, or dropped where there are more than min_tokens can mask."""
+    stops = params.stop_ids if len(set(params.stop_ids)) <= MAX_MASKED_STOP_IDS else ()
+    return replace(params, max_tokens=length, min_tokens=length, stop_ids=stops)
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ class TrainConfig:
     # `tlt train --model` on the arithmetic set)
     old_logprobs: str = option("the log-probs PPO's ratio divides by: rollout (the engine's), "
                                "recompute (the trainer's own pass first), auto (recompute for "
-                               "bf16/fp16 policies)", "auto")
+                               "bf16/fp16 policies and forced lengths)", "auto")
     # held-out evaluation (tlt_core.rl.evaluation): every eval_every steps (0: never)
     eval_every: int = option("evaluate on the held-out prompts every N steps (0: never); the "
                              "embedded task has its own, --model needs --eval-data", 0)

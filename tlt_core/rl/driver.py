@@ -47,8 +47,10 @@ The learning rate follows tlt_core.optim.schedule (warm-up, then constant or cos
 Forced lengths (`forced_lengths`, for benchmarks such as `tlt bench train --workload trace`): a
 function (step, prompt, sample) -> tokens, where prompt counts the prompts rolled out in the
 step (refills continue the count) and sample the group's samples. Each training sample then
-decodes to exactly that many tokens, its stop ids dropped, as vLLM's benchmarks fix an output
-length. The step rolls out one request per sample, siblings kept together on one rank, and
+decodes to exactly that many tokens, as vLLM's benchmarks fix an output length, its stop ids
+masked (tlt_core.engine.records.exact_length) so that it stays a response. Its rollout log-probs are then
+those of the masked distribution, not the policy's, so PPO's old log-probs are recomputed
+(old_logprobs "auto"; "rollout" is refused). The step rolls out one request per sample, siblings kept together on one rank, and
 numbers the records back to (prompt, sample), so groups, rewards and advantages are computed as
 without it. Every such sample ends for its length (finish reason "length", so
 rollout/truncated_fraction counts it), which is why mask_truncated_completions is refused with
@@ -82,8 +84,8 @@ from tlt_core.drafting.eagle3 import Eagle3Drafter
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.engine.records import (Request, SamplingParams, seconds_at_or_below,
-                                     step_trace_rows)
+from tlt_core.engine.records import (Request, SamplingParams, exact_length,
+                                     seconds_at_or_below, step_trace_rows)
 from tlt_core.engine.sampling import sample_seed
 from tlt_core.model.transformer import Transformer
 from tlt_core.optim.master_weights import MasterWeightAdamW
@@ -153,6 +155,10 @@ class RLDriver:
         if forced_lengths is not None and config.mask_truncated_completions:
             raise ValueError("forced_lengths: every forced sample ends for its length, so "
                              "mask_truncated_completions would leave them all out of the loss")
+        if forced_lengths is not None and config.old_logprobs == "rollout":
+            raise ValueError("forced_lengths: a forced sample's stop ids are masked, so its "
+                             "rollout log-probs are not the policy's; use old_logprobs "
+                             "recompute or auto")
         if config.eval_every and not evaluation:
             raise ValueError("evaluation: eval_every needs held-out prompts (--eval-data)")
         self.config, self.policy, self.prompts = config, policy, list(prompts)
@@ -357,8 +363,8 @@ class RLDriver:
 
     def _forced_rollout(self, prompts: list[Prompt], step: int, offered: int
                         ) -> tuple[list, WorkerRound]:
-        """The round's samples at their forced lengths: one request per sample, no stop ids,
-        max_tokens its length; the records numbered back to (prompt, sample)."""
+        """The round's samples at their forced lengths: one request per sample, its stop ids
+        masked up to max_tokens, its length; the records numbered back to (prompt, sample)."""
         n, cap = self.config.samples_per_prompt, self.config.max_new_tokens
         requests = []
         for i, prompt in enumerate(prompts):
@@ -373,8 +379,9 @@ class RLDriver:
                 # the seed the default path's request gives this sample, hashed once more by
                 # the engine: distinct per sample, independent of how ranks split the requests
                 seed = sample_seed(sample_seed(self.config.seed, step, index), 0, sample)
-                requests.append(Request(prompt.ids, SamplingParams(
-                    temperature=self.config.temperature, max_tokens=int(length), seed=seed)))
+                requests.append(Request(prompt.ids, exact_length(SamplingParams(
+                    temperature=self.config.temperature, stop_ids=self.stop_ids, seed=seed),
+                    int(length))))
         rollouts, stats = self._rollout(requests, group_size=n)
         return [replace(r, request_index=r.request_index // n, sample_index=r.request_index % n)
                 for r in rollouts], stats
@@ -518,7 +525,8 @@ class RLDriver:
         the critic's values (with PPO)."""
         config = self.config
         recompute = config.old_logprobs == "recompute" or (
-            config.old_logprobs == "auto" and self.optimizer.mixed)
+            config.old_logprobs == "auto"
+            and (self.optimizer.mixed or self.forced_lengths is not None))
         old = {} if recompute else None
         ref = {} if self.reference is not None else None
         values = {} if self.critic is not None else None
