@@ -101,6 +101,8 @@ def test_no_prompts_and_bad_flags_are_reported(checkpoint, monkeypatch, tmp_path
         main(["generate", "--top-p", "1.5", "--prompt", "x"])
     with pytest.raises(SystemExit, match="--draft-topk"):
         main(["generate", "--draft-topk", "0", "--prompt", "x"])
+    with pytest.raises(SystemExit, match="--min-tokens"):
+        main(["generate", "--min-tokens", "9", "--max-tokens", "8", "--prompt", "x"])
     with pytest.raises(SystemExit, match="not both"):
         main(["generate", "--interactive", "--prompt", "x"])
     with pytest.raises(SystemExit, match="config.json"):  # a drafter is not a checkpoint
