@@ -72,9 +72,8 @@ def add_parsers(commands) -> None:
                        help="responses per prompt")
     train.add_argument("--ignore-eos", action="store_true",
                        help="responses run to --max-tokens past the model's end of turn, as a "
-                            "fixed-length benchmark decodes them (vLLM's --ignore-eos; `tlt "
-                            "bench rollout --workload trace`): a drafter for that text; the "
-                            "held-out acceptance is measured on such responses too")
+                            "benchmark with vLLM's --ignore-eos decodes them: a drafter for that "
+                            "text; the held-out acceptance is measured on such responses too")
     train.add_argument("--rollout-batch", type=int, default=DEFAULTS.rollout_batch,
                        metavar="N", help="rows the engine decodes at once")
     train.add_argument("--steps", type=int, default=DEFAULTS.steps,
