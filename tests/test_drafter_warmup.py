@@ -248,6 +248,7 @@ def test_nothing_a_user_gave_is_lost_a_damaged_cache_entry_heals(trained, tmp_pa
     ("unroll", 1, 3),  # a teacher-forced run's
     ("rejection_weight", 0.0, 1.0),  # a run of EAGLE's loss alone
     ("ignore_eos", False, True),  # responses that end at the end of turn
+    ("regression_weight", 1.0, 0.0),  # a run with EAGLE's feature regression
 ])
 def test_a_work_record_without_a_setting_belongs_to_the_run_that_lacked_it(tmp_path, setting,
                                                                             implied, other):

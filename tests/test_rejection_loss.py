@@ -65,6 +65,12 @@ def test_weight_zero_is_eagle_s_loss_and_the_weight_adds_the_term(target):
                                          + TOKEN_WEIGHT * metrics["token"], rel=1e-6)
     weighted, _ = unrolled_loss(drafter, batch, 1, rejection_weight=2.5)
     assert weighted.item() == pytest.approx(eagle.item() + 2.5 * metrics["rejection"], rel=1e-6)
+    # regression weight 0: tokens alone (EAGLE-3's objective for fused features), at every step
+    tokens_only, _ = unrolled_loss(drafter, batch, 1, rejection_weight=0.0, regression_weight=0.0)
+    assert tokens_only.item() == pytest.approx(TOKEN_WEIGHT * metrics["token"], rel=1e-6)
+    unrolled, _ = unrolled_loss(drafter, batch, 2, rejection_weight=0.0, regression_weight=0.0)
+    assert unrolled.item() > tokens_only.item()  # step 2's cross-entropy adds to step 1's
+    assert unrolled_loss(drafter, batch, 2, rejection_weight=0.0)[0].item() > unrolled.item()
 
 
 def sampled_records(target, seed, count):
@@ -101,12 +107,13 @@ def test_the_rejection_term_trains_the_sampled_acceptance(target):
         assert measured[1.0][name] > measured[0.0][name] + 0.04, (name, measured)
 
 
+@pytest.mark.parametrize("name", ("rejection_weight", "regression_weight"))
 @pytest.mark.parametrize("weight", (-0.1, math.nan, True, "1"))
-def test_a_bad_rejection_weight_is_refused_by_name(target, weight):
+def test_a_bad_loss_weight_is_refused_by_name(target, name, weight):
     for make in (OfflineConfig, SpotConfig):
-        with pytest.raises(ValueError, match="rejection_weight"):
-            make(rejection_weight=weight)
+        with pytest.raises(ValueError, match=name):
+            make(**{name: weight})
     drafter = fresh_drafter(target)
     batch = make_batch(collect_records(target, sequences((6,)), (-1,)))
-    with pytest.raises(ValueError, match="rejection_weight"):
-        train_step(drafter, make_optimizer(drafter, 1e-3), batch, rejection_weight=weight)
+    with pytest.raises(ValueError, match=name):
+        train_step(drafter, make_optimizer(drafter, 1e-3), batch, **{name: weight})

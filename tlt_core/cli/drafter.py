@@ -93,6 +93,11 @@ def add_parsers(commands) -> None:
                             "from the drafter is rejected at T = 1 (RL's sampled drafting), "
                             "beside EAGLE's feature regression and cross-entropy; 0: EAGLE's "
                             "loss alone")
+    train.add_argument("--regression-weight", type=float, default=DEFAULTS.regression_weight,
+                       metavar="W",
+                       help="weight of EAGLE's feature-regression term (the drafter's output "
+                            "against the target's last layer); 0 trains on tokens alone, as "
+                            "EAGLE-3 trains a drafter on several --feature-layers")
     train.add_argument("--matmul-dtype", choices=MATMUL_DTYPES, default=DEFAULTS.matmul_dtype,
                        help="dtype of the training's matmuls; the weights and the optimizer "
                             "stay float32. auto: bfloat16 for a bf16 target (a step 1.5x "
@@ -122,7 +127,7 @@ def run_train(args: argparse.Namespace) -> int:
             form="eagle" if layers == (-1,) else "tlt",
             draft_vocab=args.draft_vocab or None, steps=args.steps,
             batch_tokens=args.batch_tokens, lr=args.lr, unroll=args.unroll,
-            rejection_weight=args.rejection_weight,
+            rejection_weight=args.rejection_weight, regression_weight=args.regression_weight,
             matmul_dtype=args.matmul_dtype, seed=args.seed)
     except ValueError as error:
         raise SystemExit(f"{command}: --{str(error).replace('_', '-', 1)}") from None

@@ -10,7 +10,8 @@ guesswork: the drafter's input at t is (f_t, x_{t+1}); its output f'_{t+1} is tr
   norm for a form-"eagle" drafter, `Drafter.feature_target`), and
 - to give, through the drafter's logits (the target's frozen head), the target's own
   distribution of x_{t+2} (cross-entropy against the soft target distribution),
-weighted 1.0 and 0.1 as in EAGLE, and
+weighted 1.0 and 0.1 as in EAGLE (regression_weight 0 drops the first term, as EAGLE-3 trains
+a drafter on fused features: its output need not be any one layer's feature), and
 - to be accepted when sampled: the rejection term 1 - sum_x min(p(x), q(x)) (the total variation
   distance between the target's distribution p and the drafter's q) is the probability that a
   token drafted from q is rejected by the lossless sampled check (tlt_core.drafting.sampled_chain),
@@ -54,11 +55,11 @@ REJECTION_WEIGHT = 1.0
 STEP_DECAY = 0.8  # unrolled step k weighs STEP_DECAY ** (k - 1), as EAGLE-3 weighs its steps
 
 
-def check_rejection_weight(weight: object) -> float:
-    """`weight` if it is a number >= 0 (0: EAGLE's loss alone), else a ValueError naming it: a
-    negative weight would train the drafter to be rejected."""
+def check_loss_weight(name: str, weight: object) -> float:
+    """`weight` if it is a number >= 0 (0 drops its term), else a ValueError naming it `name`:
+    a negative weight would train the drafter away from the target."""
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
-        raise ValueError(f"rejection_weight: must be a number >= 0, got {weight!r}")
+        raise ValueError(f"{name}: must be a number >= 0, got {weight!r}")
     return weight
 
 
@@ -127,7 +128,8 @@ def make_batch(records: Sequence[DraftRecord]) -> DraftBatch:
 
 
 def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_WEIGHT,
-               rejection_weight: float = REJECTION_WEIGHT) -> tuple[torch.Tensor, dict]:
+               rejection_weight: float = REJECTION_WEIGHT,
+               regression_weight: float = REGRESSION_WEIGHT) -> tuple[torch.Tensor, dict]:
     """The loss over every real pair of the batch, teacher-forced with the target's features.
     Returns (loss, {"regression", "token", "rejection", "top1", "accept"}): top1 is the share of
     pairs where the drafter's argmax equals the target's (greedy drafting's acceptance of one
@@ -142,12 +144,14 @@ def eagle_loss(drafter: Drafter, batch: DraftBatch, token_weight: float = TOKEN_
     with torch.no_grad():
         target_probs = torch.softmax(drafter.logits(truth[mask]), -1)  # (M, V)
     terms = _pair_terms(drafter, predicted[mask], truth[mask], target_probs)
-    return _weighted(terms, token_weight, rejection_weight), _step_metrics(terms, 1)
+    return (_weighted(terms, regression_weight, token_weight, rejection_weight),
+            _step_metrics(terms, 1))
 
 
 def unrolled_loss(drafter: Drafter, batch: DraftBatch, unroll: int,
                   token_weight: float = TOKEN_WEIGHT, step_decay: float = STEP_DECAY,
-                  rejection_weight: float = REJECTION_WEIGHT) -> tuple[torch.Tensor, dict]:
+                  rejection_weight: float = REJECTION_WEIGHT,
+                  regression_weight: float = REGRESSION_WEIGHT) -> tuple[torch.Tensor, dict]:
     """The loss's terms (module docstring) at each of `unroll` drafting steps, summed with
     weight step_decay ** (k - 1). Step k scores root t when t is a real pair and t + k < the
     sequence's length (the target's feature at t + k exists, and so its distribution of
@@ -178,7 +182,8 @@ def unrolled_loss(drafter: Drafter, batch: DraftBatch, unroll: int,
         at = roots + step - 1  # where step 1 scored the target at t + step
         terms = _pair_terms(drafter, predicted[rows, roots], truth[rows, at],
                             target_probs[rows, at])
-        loss = loss + step_decay ** (step - 1) * _weighted(terms, token_weight, rejection_weight)
+        loss = loss + step_decay ** (step - 1) * _weighted(terms, regression_weight,
+                                                           token_weight, rejection_weight)
         metrics.update(_step_metrics(terms, step))
     return loss, metrics
 
@@ -197,9 +202,9 @@ def _pair_terms(drafter: Drafter, predicted: torch.Tensor, truth: torch.Tensor,
             "top1": (logits.argmax(-1) == target_probs.argmax(-1)).float().mean()}
 
 
-def _weighted(terms: dict[str, torch.Tensor], token_weight: float, rejection_weight: float
-              ) -> torch.Tensor:
-    return (REGRESSION_WEIGHT * terms["regression"] + token_weight * terms["token"]
+def _weighted(terms: dict[str, torch.Tensor], regression_weight: float, token_weight: float,
+              rejection_weight: float) -> torch.Tensor:
+    return (regression_weight * terms["regression"] + token_weight * terms["token"]
             + rejection_weight * terms["rejection"])
 
 
@@ -221,17 +226,20 @@ def _step_metrics(terms: dict[str, torch.Tensor] | None, step: int) -> dict[str,
 def train_step(drafter: Drafter, optimizer: torch.optim.Optimizer, batch: DraftBatch,
                grad_clip: float = 1.0, token_weight: float = TOKEN_WEIGHT,
                unroll: int = 1, matmul_dtype: torch.dtype | None = None,
-               rejection_weight: float = REJECTION_WEIGHT) -> dict:
+               rejection_weight: float = REJECTION_WEIGHT,
+               regression_weight: float = REGRESSION_WEIGHT) -> dict:
     """One optimizer step on the unrolled loss (`unroll` = 1: teacher-forced; none when the
     batch has no pair to score); the metrics of unrolled_loss plus "loss". matmul_dtype: the
     loss's matmuls under autocast in that dtype (module docstring); None: in the weights' own."""
     check_unroll(unroll)
-    check_rejection_weight(rejection_weight)
+    check_loss_weight("rejection_weight", rejection_weight)
+    check_loss_weight("regression_weight", regression_weight)
     device = drafter.fc.weight.device
     drafter.train()
     with torch.autocast(device.type, dtype=matmul_dtype, enabled=matmul_dtype is not None):
         loss, metrics = unrolled_loss(drafter, batch.to(device), unroll, token_weight,
-                                      rejection_weight=rejection_weight)
+                                      rejection_weight=rejection_weight,
+                                      regression_weight=regression_weight)
     if loss.requires_grad:  # else the batch had no pair to score: nothing to learn from
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

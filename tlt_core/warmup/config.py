@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tlt_core.drafting.drafter import DrafterConfig
-from tlt_core.drafting.training import REJECTION_WEIGHT, check_rejection_weight
+from tlt_core.drafting.training import REGRESSION_WEIGHT, REJECTION_WEIGHT, check_loss_weight
 from tlt_core.drafting.unrolled import check_unroll
 from tlt_core.model.placement import cpu_bf16_flag
 
@@ -49,6 +49,9 @@ class OfflineConfig:
     # the weight of the loss's rejection term, the probability that a token sampled from the
     # drafter is rejected at T = 1 (tlt_core.drafting.training); 0: EAGLE's loss alone
     rejection_weight: float = REJECTION_WEIGHT
+    # the weight of the loss's feature-regression term; 0 trains on tokens alone, as EAGLE-3
+    # trains a drafter on fused features (feature_layers of several layers)
+    regression_weight: float = REGRESSION_WEIGHT
     # the dtype of the loss's matmuls (the weights and AdamW stay float32): "auto" is bfloat16
     # for a bf16 target on hardware that multiplies bf16 natively (CUDA, or a CPU with
     # AMX-BF16 / AVX512-BF16: 1.5x a float32 step on avx512_bf16, bench/drafter_step.py; on an
@@ -88,7 +91,8 @@ class OfflineConfig:
         if not self.lr > 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
         check_unroll(self.unroll)
-        check_rejection_weight(self.rejection_weight)
+        check_loss_weight("rejection_weight", self.rejection_weight)
+        check_loss_weight("regression_weight", self.regression_weight)
         if self.matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype: must be one of {', '.join(MATMUL_DTYPES)}, got "
                              f"{self.matmul_dtype!r}")

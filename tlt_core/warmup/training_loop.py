@@ -28,8 +28,8 @@ import torch
 from tqdm import tqdm
 
 from tlt_core.drafting.drafter import Drafter
-from tlt_core.drafting.training import (REJECTION_WEIGHT, DraftBatch, DraftRecord, make_batch,
-                                        make_optimizer, train_step)
+from tlt_core.drafting.training import (REGRESSION_WEIGHT, REJECTION_WEIGHT, DraftBatch,
+                                        DraftRecord, make_batch, make_optimizer, train_step)
 from tlt_core.model.transformer import Transformer, rope_inv_freq
 from tlt_core.optim.schedule import learning_rate
 from tlt_core.persistence.checkpoint_io import read_state, step_folders, write_checkpoint
@@ -61,10 +61,12 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
                 after_step: Callable[[int, list[dict]], None] | None = None,
                 progress: bool = True, desc: str = "training the drafter",
                 unroll: int = 1, matmul_dtype: torch.dtype | None = None,
-                rejection_weight: float = REJECTION_WEIGHT) -> list[dict]:
+                rejection_weight: float = REJECTION_WEIGHT,
+                regression_weight: float = REGRESSION_WEIGHT) -> list[dict]:
     """Steps `first_step` to `steps` - 1: each takes the next of `batches` at the learning rate
-    `lr_at(step)`, trains on the loss unrolled over `unroll` steps (its rejection term weighted
-    rejection_weight, its matmuls in matmul_dtype: train_step's), and appends its metrics to
+    `lr_at(step)`, trains on the loss unrolled over `unroll` steps (its rejection and regression
+    terms weighted rejection_weight and regression_weight, its matmuls in matmul_dtype:
+    train_step's), and appends its metrics to
     `history` (returned); `after_step(steps done, history)` runs after each."""
     history = [] if history is None else history
     bar = tqdm(total=steps, initial=first_step, disable=not progress, unit="step", desc=desc)
@@ -73,7 +75,8 @@ def train_steps(drafter: Drafter, optimizer: torch.optim.Optimizer,
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         metrics = train_step(drafter, optimizer, batch, unroll=unroll,
-                             matmul_dtype=matmul_dtype, rejection_weight=rejection_weight)
+                             matmul_dtype=matmul_dtype, rejection_weight=rejection_weight,
+                             regression_weight=regression_weight)
         history.append(metrics)
         bar.update()
         deeper = {f"top1@{k}": f"{metrics[f'top1_step{k}']:.3f}" for k in range(2, unroll + 1)}
@@ -109,7 +112,8 @@ def train_drafter(drafter: Drafter, records: list[DraftRecord], prompt_lengths: 
                        first_step=step, history=history, after_step=checkpoint,
                        progress=progress, unroll=config.unroll,
                        matmul_dtype=config.matmul_torch_dtype(target_dtype, device),
-                       rejection_weight=config.rejection_weight)
+                       rejection_weight=config.rejection_weight,
+                       regression_weight=config.regression_weight)
 
 
 def _resume(drafter: Drafter, directory: Path, config: OfflineConfig

@@ -28,9 +28,11 @@ WORK_DIR, RESPONSES_DIR, TRAIN_DIR = "work", "responses", "train"
 WORK_RECORD = "run.json"  # the settings and prompts a work folder belongs to
 # Settings a work record may lack, with the value its run used: a record without `unroll`
 # belongs to a teacher-forced run (unroll 1), one without `rejection_weight` to a run of
-# EAGLE's loss alone (0), one without `ignore_eos` to responses that end at the end of turn:
-# a resume with those values keeps its shards and checkpoints, one with others is refused.
-IMPLIED_SETTINGS = {"unroll": 1, "rejection_weight": 0.0, "ignore_eos": False}
+# EAGLE's loss alone (0), one without `ignore_eos` to responses that end at the end of turn,
+# one without `regression_weight` to a run with EAGLE's feature regression (1): a resume with
+# those values keeps its shards and checkpoints, one with others is refused.
+IMPLIED_SETTINGS = {"unroll": 1, "rejection_weight": 0.0, "ignore_eos": False,
+                    "regression_weight": 1.0}
 
 
 def claim_work_folder(work: Path, config: OfflineConfig, prompts: list[tuple[int, ...]],

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Callable
 
 from tlt_core.drafting.drafter import Drafter
-from tlt_core.drafting.training import (REJECTION_WEIGHT, TOKEN_WEIGHT, DraftBatch,
-                                        check_rejection_weight, make_optimizer, train_step)
+from tlt_core.drafting.training import (REGRESSION_WEIGHT, REJECTION_WEIGHT, TOKEN_WEIGHT,
+                                        DraftBatch, check_loss_weight, make_optimizer,
+                                        train_step)
 from tlt_core.drafting.unrolled import check_unroll
 from tlt_core.persistence.checkpoint_io import read_state, write_state
 from tlt_core.workers.harvest import HarvestBuffer
@@ -51,6 +52,7 @@ class SpotConfig:
     # weight of the loss's sampled rejection term (OfflineConfig.rejection_weight, whose
     # default this shares: the spot trainer's objective is the warm-up's)
     rejection_weight: float = REJECTION_WEIGHT
+    regression_weight: float = REGRESSION_WEIGHT  # OfflineConfig.regression_weight's, alike
 
     def __post_init__(self):
         if not self.lr > 0:
@@ -58,7 +60,8 @@ class SpotConfig:
         if self.batch_tokens < 1:
             raise ValueError(f"batch_tokens: must be >= 1, got {self.batch_tokens}")
         check_unroll(self.unroll)
-        check_rejection_weight(self.rejection_weight)
+        check_loss_weight("rejection_weight", self.rejection_weight)
+        check_loss_weight("regression_weight", self.regression_weight)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,8 @@ class SpotTrainer:
                 break
             last = train_step(self.drafter, self.optimizer, batch,
                               token_weight=self.config.token_weight, unroll=self.config.unroll,
-                              rejection_weight=self.config.rejection_weight)
+                              rejection_weight=self.config.rejection_weight,
+                              regression_weight=self.config.regression_weight)
             self.steps += 1
             taken += 1
         return SpotSession(taken, time.perf_counter() - start, stopped,
