@@ -169,6 +169,38 @@ def test_a_burst_in_one_calibration_sweep_is_ignored(target, drafter, monkeypatc
     assert model.admission_s[(2, "plain")] == pytest.approx(0.12)
 
 
+def test_a_slowed_larger_batch_is_held_at_the_smaller_one_and_slopes_never_fall(
+        target, drafter, monkeypatch):
+    """Scripted: plain decoding times 100 tokens/s at batch 1, 200 at 2 and, its sweep slowed
+    by other work, 100 at 4; the plan's steps shorten as the context grows (noise): the model
+    holds plain decoding at batch 4 at batch 2's rate, warns naming it, and fits no negative
+    slope."""
+    import tlt_core.adaptive.cost_model as cost_model
+
+    step_s = {(1, "plain"): 0.01, (2, "plain"): 0.01, (4, "plain"): 0.04,
+              (1, "(2,1,3)"): 0.01, (2, "(2,1,3)"): 0.01, (4, "(2,1,3)"): 0.01}
+
+    def scripted(engine, requests, plan, batch):
+        recorder = cost_model._Recorder(plan, batch)
+        key = (batch, cost_model._table_key(plan))
+        for index in range(6):  # the plan's steps shorten as the context grows
+            falling = 1e-4 * index if plan is not None else 0.0
+            recorder.observe(StepOutcome(index, batch, 8 + index, plan, batch,
+                                         step_s[key] - falling))
+        recorder.wall_s = recorder.all_steps_s
+        return recorder
+
+    monkeypatch.setattr(cost_model, "_measure", scripted)
+    engine = RolloutEngine(target, EngineConfig(max_batch=4, max_len=64), drafter)
+    calibration = [Request(PROMPTS[0], SamplingParams(max_tokens=8))]
+    with pytest.warns(RuntimeWarning, match=r"plain at batch 4 timed 100 tokens/s, held at "
+                                            r"batch 2's 200"):
+        model = calibrate(engine, [Strategy(2, 1, 3)], (1, 2, 4), calibration)
+    assert model.rates[(4, "plain")] == pytest.approx(200)
+    assert model.rates[(1, "plain")] == pytest.approx(100)  # a smaller batch stays as timed
+    assert min(model.context_slope.values()) == 0.0
+
+
 def test_long_context_runs_fit_the_context_slope_between_two_contexts(target, drafter,
                                                                         monkeypatch):
     """Scripted steps whose seconds grow by 1e-4 per context token: the short run spans a few

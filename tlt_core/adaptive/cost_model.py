@@ -39,6 +39,14 @@ arrive; a max_len that leaves a row one token) is dropped from every table. Its 
 interpolated between, or held at, the nearest timed batch sizes, and `threshold` chooses among
 timed batch sizes only. With no batch size timed the model is empty: `threshold` is 0 and
 `rate` raises LookupError (the adaptive loop then has no prediction and measures every arm).
+
+What a shared machine does to a sweep it repairs, with one warning: other work can only slow a
+measurement, never speed it, and no arm's tokens per second fall as the batch grows (B rows
+could run as two steps of B / 2), so a rate below the same arm's at a smaller batch is held at
+that rate (a burst once timed plain decoding at 32 rows at 571 tokens/s, against 1,502 at 16,
+and the adaptive loop, whose own steps at 17-31 rows kept that shape, ran SD at 0.55x plain
+decoding's speed at 32); and attention reads more with every token of context, so a fitted
+context slope below 0 is 0.
 """
 
 from __future__ import annotations
@@ -240,14 +248,36 @@ def calibrate(engine: RolloutEngine, plans: Sequence[DraftPlan], batches: Sequen
         if pooled:
             acceptance[plan.key] = sum(t for t, _ in pooled) / sum(r for _, r in pooled)
     # a step's duration is what was measured; the tokens it emits, the pooled acceptance
-    rates = {key: key[0] * acceptance.get(key[1], 1.0) / median(step_s[key]) for key in kept}
+    rates = _monotone_in_batch(
+        {key: key[0] * acceptance.get(key[1], 1.0) / median(step_s[key]) for key in kept})
     fitted = {key: tuple(median(column) for column in zip(*fits[key]))
               for key in kept if key in fits}
     return CostModel(rates, time.perf_counter() - start, acceptance,
-                     {key: fit[0] for key, fit in fitted.items()},
+                     {key: max(fit[0], 0.0) for key, fit in fitted.items()},
                      {key: fit[1] for key, fit in fitted.items()},
                      {key: fit[2] for key, fit in fitted.items()},
                      {key: median(admission[key]) for key in kept})
+
+
+def _monotone_in_batch(rates: dict[tuple[int, str], float]) -> dict[tuple[int, str], float]:
+    """rates with each below the same key's at a smaller batch held at that one (the module
+    docstring: a sweep that other work slowed), warning once with what it held."""
+    held, repaired = [], dict(rates)
+    for key in sorted({k for _, k in rates}):
+        best = 0.0, 0
+        for batch in sorted(b for b, k in rates if k == key):
+            rate = rates[(batch, key)]
+            if rate < best[0]:
+                repaired[(batch, key)] = best[0]
+                held.append(f"{key} at batch {batch} timed {rate:.0f} tokens/s, held at batch "
+                            f"{best[1]}'s {best[0]:.0f}")
+            else:
+                best = rate, batch
+    if held:
+        warnings.warn("calibration: " + "; ".join(held) + " (other work on the machine slowed "
+                      "those sweeps; a larger batch is never slower per token)", RuntimeWarning,
+                      stacklevel=3)
+    return repaired
 
 
 def _table_key(plan: DraftPlan | _SdOff | None) -> str:
