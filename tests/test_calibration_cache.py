@@ -61,8 +61,9 @@ def test_a_second_run_reads_the_first_runs_cost_model(tmp_path, engine, counted)
 
 
 @pytest.mark.parametrize("change", ["plans", "batches", "prompts", "temperature", "options",
-                                    "engine", "dtype"])
-def test_what_a_step_costs_depends_on_is_a_miss(tmp_path, target, engine, counted, change):
+                                    "engine", "dtype", "code"])
+def test_what_a_step_costs_depends_on_is_a_miss(tmp_path, target, engine, counted, change,
+                                                 monkeypatch):
     cache = CalibrationCache(tmp_path)
     cache.calibrate(engine, PLANS, BATCHES, REQUESTS, max_tokens=6)
     plans, batches, requests, options, other = PLANS, BATCHES, REQUESTS, {"max_tokens": 6}, engine
@@ -78,6 +79,9 @@ def test_what_a_step_costs_depends_on_is_a_miss(tmp_path, target, engine, counte
         options = {"max_tokens": 5}
     elif change == "engine":
         other = RolloutEngine(target, EngineConfig(max_batch=4, max_len=64), engine.drafter)
+    elif change == "code":  # a rebuilt kernel, or an edited engine
+        assert calibration_cache.code_digest() == calibration_cache.code_digest()
+        monkeypatch.setattr(calibration_cache, "code_digest", lambda: "another build")
     else:  # the same model without a drafter in float32, then in bf16: two more entries
         for dtype in (torch.float32, torch.bfloat16):
             model = tiny_target().to(dtype)

@@ -7,8 +7,9 @@ RL driver's plans), paid again by every run that starts: in a short run, or a be
 few RL steps, it is most of what TLT loses. What it measures is the cost of a step of each plan
 at each batch size, which depends on the model's shape, dtype and weight layout, the drafter's
 form, the engine's settings, the prompts' lengths and the machine, and a plan's acceptance on
-the calibration prompts. All of those except the weights form the cache key
-(`CalibrationCache.fingerprint`); the weights are left out on purpose, so a run resumed from a
+the calibration prompts, and the code a step runs: the compiled kernels and the engine's,
+model's, drafters' and calibration's Python (`code_digest`: a rebuilt kernel is another entry).
+All of those except the weights form the cache key (`CalibrationCache.fingerprint`); the weights are left out on purpose, so a run resumed from a
 later checkpoint of the same model reuses the calibration: its step costs are the same, and the
 acceptance part of its rates is a prior that the adaptive loop corrects from its own steps
 anyway (as it must while the drafter is refreshed every RL step).
@@ -23,6 +24,7 @@ Nothing loaded runs code: entries are plain JSON.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -91,7 +93,8 @@ class CalibrationCache:
         requests = [[list(map(int, r.prompt_ids)), _plain(r.params)]
                     for r in calibration_requests]
         return json.loads(json.dumps({
-            "tlt_core": __version__, "torch": torch.__version__, "machine": _machine(model),
+            "tlt_core": __version__, "code": code_digest(), "torch": torch.__version__,
+            "machine": _machine(model),
             "model": {"config": _plain(model.config),
                       "dtype": str(model.lm_head.weight.dtype),
                       "layout": getattr(model, "inference_layout", None)},
@@ -125,6 +128,24 @@ class CalibrationCache:
             return None
         model.cached_from = str(path)
         return model
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """A hash of the code that sets what a step costs: the compiled kernels (tlt_core._C) and
+    the Python of tlt_core.engine, .model, .drafting and .ops and of calibration itself."""
+    from tlt_core import _C
+
+    package = Path(__file__).resolve().parent.parent
+    files = [Path(_C.__file__)] + sorted(
+        path for folder in ("engine", "model", "drafting", "ops")
+        for path in (package / folder).rglob("*.py")) + [package / "adaptive" / "cost_model.py"]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(package).as_posix().encode() if path.is_relative_to(
+            package) else path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _machine(model: torch.nn.Module) -> dict:
