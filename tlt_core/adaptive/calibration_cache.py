@@ -37,6 +37,7 @@ from typing import Sequence
 
 import torch
 
+from tlt_core import _C
 from tlt_core._version import __version__
 from tlt_core.adaptive.cost_model import CostModel, calibrate
 from tlt_core.drafting.plan import DraftPlan
@@ -134,8 +135,6 @@ class CalibrationCache:
 def code_digest() -> str:
     """A hash of the code that sets what a step costs: the compiled kernels (tlt_core._C) and
     the Python of tlt_core.engine, .model, .drafting and .ops and of calibration itself."""
-    from tlt_core import _C
-
     package = Path(__file__).resolve().parent.parent
     files = [Path(_C.__file__)] + sorted(
         path for folder in ("engine", "model", "drafting", "ops")
