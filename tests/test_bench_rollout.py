@@ -156,3 +156,20 @@ def test_each_round_starts_with_the_next_mode(monkeypatch):
                for r in range(4))
     assert results == \
         {mode: [index] * 3 for index, mode in enumerate(RUN_MODES)}  # round 0 unmeasured
+
+
+def test_forced_workloads_mask_the_stops_up_to_each_length():
+    """trace and no_tail rows decode exactly their length with the model's stop ids masked
+    (so the text stays a response); natural rows stop at them."""
+    from tlt_core.bench.rollout import build_workloads
+
+    workloads = build_workloads([(1, 2), (3,)], (7,), [], ("natural", "trace", "no_tail"),
+                                samples=2, max_tokens=20, trace_lengths=[5, 30, 2, 9])
+    trace = [r.params for r in workloads.requests["trace"]]
+    assert [(p.max_tokens, p.min_tokens, p.stop_ids) for p in trace] == [
+        (5, 5, (7,)), (20, 20, (7,)), (2, 2, (7,)), (9, 9, (7,))]
+    median = workloads.trace_shape["median"]
+    assert {(r.params.max_tokens, r.params.min_tokens, r.params.stop_ids)
+            for r in workloads.requests["no_tail"]} == {(median, median, (7,))}
+    assert {(r.params.min_tokens, r.params.stop_ids)
+            for r in workloads.requests["natural"]} == {(0, (7,))}

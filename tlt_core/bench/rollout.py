@@ -61,8 +61,7 @@ from tlt_core.config_flags import add_dataclass_arguments, option
 from tlt_core.drafting.plan import DraftPlan
 from tlt_core.embedded.task import CharTokenizer, TaskConfig, generate_problems
 from tlt_core.engine.engine import EngineConfig, RolloutEngine
-from tlt_core.engine.records import (Request, RolloutResult, SamplingParams,
-                                     exact_length)
+from tlt_core.engine.records import Request, RolloutResult, SamplingParams, exact_length
 from tlt_core.sim.simulator import calibration_dict
 
 WORKLOADS = ("natural", "trace", "no_tail")
@@ -150,13 +149,10 @@ def build_workloads(prompts: Sequence[tuple[int, ...]], stop_ids: tuple[int, ...
                          f"{len(rows)}")
     shape = tail_shape(lengths)
     natural = SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens, stop_ids=stop_ids)
-
-    def forced(length: int) -> SamplingParams:  # exactly `length` tokens, all of a response
-        return exact_length(natural, length)
     build = {
         "natural": lambda: [Request(p, natural) for p in rows],
-        "trace": lambda: [Request(p, forced(n)) for p, n in zip(rows, lengths)],
-        "no_tail": lambda: [Request(p, forced(shape["median"])) for p in rows]}
+        "trace": lambda: [Request(p, exact_length(natural, n)) for p, n in zip(rows, lengths)],
+        "no_tail": lambda: [Request(p, exact_length(natural, shape["median"])) for p in rows]}
     requests = {name: build[name]() for name in names}
     longest_prompt = max(len(r.prompt_ids) for r in rows_of(requests) + calibration)
     return Workloads(requests, calibration, longest_prompt + max_tokens + 16, shape)
