@@ -44,9 +44,9 @@ What a shared machine does to a sweep it repairs, with one warning: other work c
 measurement, never speed it, and an arm's tokens per second barely fall as the batch grows (B
 rows could run as two steps of B / 2; a step that turns bound by the arithmetic loses a few
 percent), so a rate under SLOWED_SWEEP of the same arm's at a smaller batch is held at that
-rate (a burst once timed plain decoding at 32 rows at 571 tokens/s, against 1,502 at 16, and
-the adaptive loop, whose own steps at 17-31 rows kept that shape, ran SD at 0.55x plain
-decoding's speed at 32); and attention reads more with every token of context, so a fitted
+rate (a burst of other work can time plain decoding at 32 rows at a third of its rate at 16;
+the arm table keeps calibration's shape within a batch bucket, so the adaptive loop would then
+run SD where it is half as fast: docs/results.md, "GRPO end to end"); and attention reads more with every token of context, so a fitted
 context slope below 0 is 0.
 """
 
