@@ -9,10 +9,11 @@ at each batch size, which depends on the model's shape, dtype and weight layout,
 form, the engine's settings, the prompts' lengths and the machine, and a plan's acceptance on
 the calibration prompts, and the code a step runs: the compiled kernels and the engine's,
 model's, drafters' and calibration's Python (`code_digest`: a rebuilt kernel is another entry).
-All of those except the weights form the cache key (`CalibrationCache.fingerprint`); the weights are left out on purpose, so a run resumed from a
-later checkpoint of the same model reuses the calibration: its step costs are the same, and the
-acceptance part of its rates is a prior that the adaptive loop corrects from its own steps
-anyway (as it must while the drafter is refreshed every RL step).
+All of those except the weights form the cache key (`CalibrationCache.fingerprint`); the
+weights are left out on purpose, so a run resumed from a later checkpoint of the same model
+reuses the calibration: its step costs are the same, and the acceptance part of its rates is a
+prior that the adaptive loop corrects from its own steps anyway (as it must while the drafter
+is refreshed every RL step).
 
 An entry is one JSON file, `<key>.json`, holding its fingerprint in full (a hash collision, or
 an entry edited by hand, is recognised and recalibrated), the cost model and when it was

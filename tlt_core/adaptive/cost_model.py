@@ -46,8 +46,8 @@ rows could run as two steps of B / 2; a step that turns bound by the arithmetic 
 percent), so a rate under SLOWED_SWEEP of the same arm's at a smaller batch is held at that
 rate (a burst of other work can time plain decoding at 32 rows at a third of its rate at 16;
 the arm table keeps calibration's shape within a batch bucket, so the adaptive loop would then
-run SD where it is half as fast: docs/results.md, "GRPO end to end"); and attention reads more with every token of context, so a fitted
-context slope below 0 is 0.
+run SD where it is half as fast: docs/results.md, "GRPO end to end"); and attention reads
+more with every token of context, so a fitted context slope below 0 is 0.
 """
 
 from __future__ import annotations

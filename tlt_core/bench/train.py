@@ -76,8 +76,8 @@ class TrainOptions(TraceOptions):
                            "--max-new-tokens; trace: each sample decodes to exactly a length "
                            "drawn from a long-tailed distribution (the lognormal of "
                            "--trace-median / --trace-sigma, or --trace-file), capped at "
-                           "--max-new-tokens, its stop ids masked up to it, the same lengths in every "
-                           "run", "natural", choices=WORKLOADS)
+                           "--max-new-tokens, its stop ids masked up to it, the same lengths in "
+                           "every run", "natural", choices=WORKLOADS)
     steps: int = option("GRPO steps per run", 12)
     prompts_per_step: int | None = option("prompts per GRPO step (default: TrainConfig's)", None,
                                           metavar="N")

@@ -48,13 +48,14 @@ Forced lengths (`forced_lengths`, for benchmarks such as `tlt bench train --work
 function (step, prompt, sample) -> tokens, where prompt counts the prompts rolled out in the
 step (refills continue the count) and sample the group's samples. Each training sample then
 decodes to exactly that many tokens, as vLLM's benchmarks fix an output length, its stop ids
-masked (tlt_core.engine.records.exact_length) so that it stays a response. Its rollout log-probs are then
-those of the masked distribution, not the policy's, so PPO's old log-probs are recomputed
-(old_logprobs "auto"; "rollout" is refused). The step rolls out one request per sample, siblings kept together on one rank, and
-numbers the records back to (prompt, sample), so groups, rewards and advantages are computed as
-without it. Every such sample ends for its length (finish reason "length", so
-rollout/truncated_fraction counts it), which is why mask_truncated_completions is refused with
-forced lengths. Held-out evaluation keeps the model's own lengths.
+masked (tlt_core.engine.records.exact_length) so that it stays a response. Its rollout
+log-probs are then those of the masked distribution, not the policy's, so PPO's old log-probs
+are recomputed (old_logprobs "auto"; "rollout" is refused). The step rolls out one request per
+sample, siblings kept together on one rank, and numbers the records back to (prompt, sample),
+so groups, rewards and advantages are computed as without it. Every such sample ends for its
+length (finish reason "length", so rollout/truncated_fraction counts it), which is why
+mask_truncated_completions is refused with forced lengths. Held-out evaluation keeps the
+model's own lengths.
 
 Determinism: sampling seeds come from (seed, step, prompt), so with SD off (or a fixed plan) a
 resumed run repeats an uninterrupted one exactly; with the adaptive loop the plan choices depend
