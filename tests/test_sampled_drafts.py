@@ -8,12 +8,13 @@ import dataclasses
 import pytest
 import torch
 
-from tlt_core.adaptive.policy import SAMPLED_PLANS, AdaptivePolicy
+from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy, builtin_plans
 from tlt_core.drafting.sampled_chain import SampledChain, sampled_chain
 from tlt_core.drafting.sampled_tree import SampledTree
+from tlt_core.drafting.suffix_match import SuffixMatch
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
-from tlt_core.rl.driver import TrainConfig
+from tlt_core.rl.driver import TrainConfig, _adaptive_plans
 
 from tests.speculative_fixtures import (PROMPTS, same_seed_draft_context, tiny_target,
                                         train_drafter)
@@ -79,3 +80,16 @@ def test_the_adaptive_loop_and_grpo_take_sampled_chains(target, drafter):
                               for p in PROMPTS], strategy=policy)
     assert {s.plan_key for s in result.spec_steps} <= {p.key for p in plans}
     assert TrainConfig(sampled_drafts=True).sampled_drafts
+
+
+def test_sampled_drafts_replace_the_deterministic_plans_at_t_above_0():
+    assert builtin_plans(1.0, sampled_drafts=True) == SAMPLED_PLANS
+    assert all(isinstance(plan, SampledChain) for plan in SAMPLED_PLANS)
+    assert builtin_plans(0.0, sampled_drafts=True) == DEFAULT_PLANS  # greedy: the same chains
+    assert builtin_plans(1.0, sampled_drafts=False) == DEFAULT_PLANS
+    with pytest.raises(ValueError, match="temperature"):
+        builtin_plans(-0.5, sampled_drafts=True)
+    plans, _ = _adaptive_plans(TrainConfig(temperature=0.7, sampled_drafts=True))
+    assert plans == SAMPLED_PLANS + (SuffixMatch(8), SuffixMatch(16))
+    plans, _ = _adaptive_plans(TrainConfig(sampled_drafts=False, suffix_drafts=False))
+    assert plans == DEFAULT_PLANS

@@ -14,8 +14,9 @@ from tlt_core.adaptive.arm_table import ArmTable
 from tlt_core.adaptive.buckets import DEFAULT_BATCH_EDGES, DEFAULT_CONTEXT_EDGES, StepBuckets
 from tlt_core.adaptive.cost_model import SD_OFF, CostModel, calibrate
 from tlt_core.adaptive.measured_plans import MeasuredPlans, measured_plans
-from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy, AdaptiveStats
+from tlt_core.adaptive.policy import (DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy, AdaptiveStats,
+                                      builtin_plans)
 
 __all__ = ["AdaptivePolicy", "AdaptiveStats", "ArmTable", "CostModel", "DEFAULT_BATCH_EDGES",
            "DEFAULT_CONTEXT_EDGES", "DEFAULT_PLANS", "MeasuredPlans", "SAMPLED_PLANS", "SD_OFF",
-           "StepBuckets", "calibrate", "measured_plans"]
+           "StepBuckets", "builtin_plans", "calibrate", "measured_plans"]

@@ -57,8 +57,11 @@ from tlt_core.engine.hooks import StepOutcome
 from tlt_core.engine.records import Request
 
 # Sampled chains (tlt_core.drafting.sampled_chain): at T > 0 their tokens are accepted with
-# 1 - TV(target, drafter) instead of the target's probability of an argmax token.
-SAMPLED_PLANS = (SampledChain(4), SampledChain(6))
+# 1 - TV(target, drafter) instead of the target's probability of an argmax token. The short
+# ones are for a few rows, where a step verifying 7 tokens a row is already bound by the
+# arithmetic on a CPU (SmolLM2 at T = 1 on 2 cores: sampled(3) 1.27x plain at 4 rows, sampled(4)
+# 1.07x; docs/results.md).
+SAMPLED_PLANS = (SampledChain(2), SampledChain(3), SampledChain(4), SampledChain(6))
 DEFAULT_PLANS = (Strategy(2, 1, 3), Strategy(4, 1, 5), Strategy(6, 1, 7), Strategy(8, 1, 9),
                  Strategy(4, 2, 8), Strategy(6, 4, 16))
 PLAIN = 0  # the arm index of plain decoding
@@ -72,6 +75,19 @@ BASELINE_STEPS = 2
 
 # tokens per second of a plan (None: plain decoding) at a running batch and mean context
 Predict = Callable[[int, int, Optional[DraftPlan]], float]
+
+
+def builtin_plans(temperature: float, sampled_drafts: bool) -> tuple[DraftPlan, ...]:
+    """The adaptive loop's built-in plans for rollouts at `temperature`: the sampled chains
+    alone at T > 0 under sampled_drafts, else the deterministic chains and trees.
+
+    At T > 0 the deterministic plans only cost the loop: their draft tokens are accepted with the
+    target's probability of them, so beside sampled chains they lose (SmolLM2 at T = 1, one
+    row: (5,4,16) 0.74x plain, (5,4,12) 0.84x, sampled chains 1.2-1.5x), and every one the
+    loop explores, or calibration times, spends seconds on a plan it will not run. At T = 0 a sampled chain is the deterministic chain of its depth."""
+    if temperature < 0:
+        raise ValueError(f"temperature: must be >= 0, got {temperature}")
+    return SAMPLED_PLANS if sampled_drafts and temperature > 0 else DEFAULT_PLANS
 
 
 def flat(batch: int, context: int, plan: DraftPlan | None) -> float:

@@ -53,7 +53,7 @@ from tlt_core.adaptive.buckets import StepBuckets
 from tlt_core.adaptive.calibration_cache import CalibrationCache
 from tlt_core.adaptive.cost_model import CostModel, calibrate
 from tlt_core.adaptive.measured_plans import MeasuredPlans
-from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
+from tlt_core.adaptive.policy import AdaptivePolicy, builtin_plans
 from tlt_core.bench.length_trace import DEFAULT_MEDIAN, TraceOptions, tail_shape
 from tlt_core.bench.model_workload import EMBEDDED_LABEL, ModelOptions, ModelWorkload
 from tlt_core.bench.rollout_file import RUN_MODES, TRACE_COLUMNS, run_record
@@ -89,8 +89,10 @@ class RolloutOptions(TraceOptions):
     max_tokens: int | None = option("longest response (default: 1024 with --model, the "
                                     "embedded task's longest reference otherwise)", None,
                                     metavar="N")
-    sampled_drafts: bool = option("add sampled chains (each draft token drawn from the "
-                                  "drafter's distribution) to the adaptive plans", False)
+    sampled_drafts: bool = option("the adaptive loop's plans are sampled chains (each draft "
+                                  "token drawn from the drafter's distribution) instead of the "
+                                  "deterministic chains and trees, which lose to them at T > 0",
+                                  False)
     plans_from: Path | None = option("the adaptive plans from a `tlt bench speculative --json` "
                                      "file: of its rows at the workloads' temperature (T = 1), "
                                      "the plan with the highest speedup at each batch size it "
@@ -203,16 +205,16 @@ def run(target, drafter, workloads: Workloads, *, rounds: int = 3, max_batch: in
         label: str = EMBEDDED_LABEL, calibration_cache: CalibrationCache | None = None
         ) -> dict:
     """measured: the adaptive loop's plans and fallback prediction from a `tlt bench
-    speculative` file (tlt_core.adaptive.measured_plans); None: the built-in plans, with
-    sampled chains under sampled_drafts. calibration_cache: where to read the calibration from
-    (or store it); None: calibrate."""
+    speculative` file (tlt_core.adaptive.measured_plans); None: the built-in plans at the
+    workloads' temperature (builtin_plans: the sampled chains alone under sampled_drafts).
+    calibration_cache: where to read the calibration from (or store it); None: calibrate."""
     if rounds < 1:
         raise ValueError(f"rounds: need at least one measured round, got {rounds}")
     if measured is not None and sampled_drafts:
         raise ValueError("sampled_drafts: the measured plans are the adaptive loop's; leave "
                          "sampled_drafts off")
     plans = (measured.plans if measured is not None
-             else DEFAULT_PLANS + (SAMPLED_PLANS if sampled_drafts else ()))
+             else builtin_plans(TEMPERATURE, sampled_drafts))
     config = EngineConfig(max_batch=max_batch, max_len=workloads.max_len, seed=seed)
     engine = RolloutEngine(target, config, drafter)
     batches = sorted({b for b in (1, 4, 16, max_batch) if b <= max_batch})

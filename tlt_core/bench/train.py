@@ -88,7 +88,7 @@ class TrainOptions(TraceOptions):
     max_batch: int | None = option("engine rows of each run (default: TrainConfig's); the three "
                                    "runs hold their KV caches at once, so long responses may "
                                    "need fewer rows to fit in memory", None, metavar="N")
-    sampled_drafts: bool = option("TLT's adaptive plans include sampled chains", False)
+    sampled_drafts: bool = option("TLT's adaptive plans are sampled chains (at T > 0)", False)
     plans_from: Path | None = option("TLT's adaptive plans from a `tlt bench speculative --json` "
                                      "file: of its rows at the runs' temperature (T = 1), the "
                                      "plan with the highest speedup at each batch size it "

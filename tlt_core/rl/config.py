@@ -93,10 +93,11 @@ class TrainConfig:
     max_batch: int = option("engine rows per rank (the most samples decoding at once)", 64)
     suffix_drafts: bool = option("suffix-match drafts (copied from sibling and earlier responses)"
                                  " among the adaptive loop's plans", True)
-    sampled_drafts: bool = option("sampled chains among the adaptive loop's plans: each draft "
-                                  "token drawn from the drafter's distribution, accepted with 1 -"
-                                  " TV(target, drafter) at T > 0 (deterministic drafts: with the "
-                                  "target's probability of it)", False)
+    sampled_drafts: bool = option("at T > 0 the adaptive loop's plans are sampled chains: each "
+                                  "draft token drawn from the drafter's distribution, accepted "
+                                  "with 1 - TV(target, drafter), where the deterministic chains "
+                                  "and trees it replaces are accepted with the target's "
+                                  "probability of each token", False)
     drafter_unroll: int = option("drafting steps the spot trainer unrolls each position over "
                                  "(EAGLE-3's training-time test, as `tlt drafter train "
                                  "--unroll`); 1: teacher-forced only; a step costs about this "

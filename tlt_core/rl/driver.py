@@ -37,8 +37,8 @@ One step:
    (tlt_core.persistence.checkpoint_io: safetensors and JSON, no pickle, atomic, the newest K kept),
    `resume` reads one back.
 
-The adaptive loop's plans: the built-in ones (DEFAULT_PLANS, with SAMPLED_PLANS under
-`sampled_drafts`), or with `plans_from` the best plan per batch size of a `tlt bench
+The adaptive loop's plans: the built-in ones at the run's temperature (builtin_plans: the
+sampled chains alone at T > 0 under `sampled_drafts`), or with `plans_from` the best plan per batch size of a `tlt bench
 speculative --json` file at the run's temperature (tlt_core.adaptive.measured_plans); suffix-
 match plans beside either under `suffix_drafts`.
 
@@ -79,7 +79,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tlt_core.adaptive.calibration_cache import CalibrationCache
 from tlt_core.adaptive.measured_plans import MeasuredPlans, measured_plans
-from tlt_core.adaptive.policy import DEFAULT_PLANS, SAMPLED_PLANS, AdaptivePolicy
+from tlt_core.adaptive.policy import AdaptivePolicy, builtin_plans
 from tlt_core.drafting.drafter import Drafter
 from tlt_core.drafting.eagle3 import Eagle3Drafter
 from tlt_core.drafting.plan import DraftPlan
@@ -731,8 +731,8 @@ def _score(reward_fn: RewardFn, prompts: list[Prompt], responses: list[str]) -> 
 
 def _adaptive_plans(config: TrainConfig) -> tuple[tuple[DraftPlan, ...], MeasuredPlans | None]:
     """The adaptive loop's plans, and what plans_from's file measured (None without one): the
-    file's best plans at the run's temperature, else the built-in ones (with sampled chains
-    under sampled_drafts); suffix-match plans beside either under suffix_drafts (a benchmark's
+    file's best plans at the run's temperature, else the built-in ones at that temperature
+    (builtin_plans: the sampled chains alone at T > 0 under sampled_drafts); suffix-match plans beside either under suffix_drafts (a benchmark's
     requests have no siblings to copy drafts from, so the file cannot rank them)."""
     measured = None
     if config.plans_from is not None:
@@ -742,7 +742,7 @@ def _adaptive_plans(config: TrainConfig) -> tuple[tuple[DraftPlan, ...], Measure
             raise ValueError(f"plans_from: {error}") from None
         plans = measured.plans
     else:
-        plans = DEFAULT_PLANS + (SAMPLED_PLANS if config.sampled_drafts else ())
+        plans = builtin_plans(config.temperature, config.sampled_drafts)
     if config.suffix_drafts:
         keys = {plan.key for plan in plans}
         plans += tuple(plan for plan in (SuffixMatch(8), SuffixMatch(16)) if plan.key not in keys)
