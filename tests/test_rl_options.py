@@ -5,6 +5,8 @@ critic trains and leaves the policy to the policy loss; resume = uninterrupted w
 on; evaluation runs on held-out prompts; the CLI and config files take every option. (The math
 of each option, against hand numbers: tests/test_rl_math.py.)"""
 
+import itertools
+
 import pytest
 import torch
 
@@ -113,8 +115,11 @@ def test_mask_truncated_completions_zeroes_exactly_the_truncated_responses(monke
 
     monkeypatch.setattr(driver_module, "pack_micro_batch", spy_pack)
     monkeypatch.setattr(driver_module, "ppo_clip_loss", spy_loss)
-    # stop at token 5: some responses end, the rest run into max_new_tokens
-    driver = make(small(mask_truncated_completions=True, minibatch_size=16), stop_ids=(5,))
+    # stop at token 5: some responses end, the rest run into max_new_tokens; a reward that
+    # tells every sample apart, so no sequence is inert (skipped by the update)
+    distinct = itertools.count()
+    driver = make(small(mask_truncated_completions=True, minibatch_size=16), stop_ids=(5,),
+                  reward=lambda prompt, response, reference: float(next(distinct)))
     metrics = driver.step()
     reasons, weights = None, []
     for kind, value in calls:

@@ -53,6 +53,28 @@ def test_every_sequence_is_passed_once_and_every_rank_runs_the_same_passes(world
     assert sorted(j for p in per_rank for j in p.mine) == list(range(len(data)))
 
 
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_inert_sequences_keep_their_minibatch_but_no_pass(world):
+    data = rollouts([1, 9, 4, 25, 5, 7, 2, 2, 13, 30, 6])
+    options = dict(minibatch_size=4, micro_batch_tokens=40, mask_truncated=False)
+    inert = frozenset({0, 3, 6, 7, 9})
+    per_rank = plans(data, world, inert=inert, **options)
+    plain = plans(data, world, **options)[0]
+    first = per_rank[0]
+    assert first.minibatches == plain.minibatches  # the loss's normalisation is unchanged
+    for number, batch in enumerate(first.minibatches):
+        passed = [j for p in per_rank for micro in p.micro_batches[number] for j in micro]
+        skipped = [j for p in per_rank for j in p.inert[number]]
+        assert sorted(passed) == sorted(set(batch) - inert)
+        assert sorted(skipped) == sorted(set(batch) & inert)
+        assert first.passes[number] == max(1, *(len(p.micro_batches[number])
+                                                for p in per_rank))
+    assert sorted(j for p in per_rank for j in p.mine) == sorted(set(range(len(data))) - inert)
+    everything = plans(data, world, inert=frozenset(range(len(data))), **options)[0]
+    assert everything.passes == [1] * len(everything.minibatches)  # a zero-gradient pass each
+    assert everything.micro_batches == [[] for _ in everything.minibatches]
+
+
 def test_a_packed_micro_batch_holds_its_rows_right_padded():
     data = rollouts([3, 1])
     micro = pack_micro_batch(data, [1, 0], "cpu")

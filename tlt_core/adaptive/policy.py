@@ -81,10 +81,11 @@ def builtin_plans(temperature: float, sampled_drafts: bool) -> tuple[DraftPlan, 
     """The adaptive loop's built-in plans for rollouts at `temperature`: the sampled chains
     alone at T > 0 under sampled_drafts, else the deterministic chains and trees.
 
-    At T > 0 the deterministic plans only cost the loop: their draft tokens are accepted with the
-    target's probability of them, so beside sampled chains they lose (SmolLM2 at T = 1, one
-    row: (5,4,16) 0.74x plain, (5,4,12) 0.84x, sampled chains 1.2-1.5x), and every one the
-    loop explores, or calibration times, spends seconds on a plan it will not run. At T = 0 a sampled chain is the deterministic chain of its depth."""
+    At T > 0 the deterministic plans only cost the loop: their draft tokens are accepted with
+    the target's probability of them, so beside sampled chains they lose (SmolLM2 at T = 1,
+    one row: (5,4,16) 0.74x plain, (5,4,12) 0.84x, sampled chains 1.2-1.5x), and every one
+    the loop explores, or calibration times, spends seconds on a plan it will not run. At
+    T = 0 a sampled chain is the deterministic chain of its depth."""
     if temperature < 0:
         raise ValueError(f"temperature: must be >= 0, got {temperature}")
     return SAMPLED_PLANS if sampled_drafts and temperature > 0 else DEFAULT_PLANS

@@ -23,7 +23,9 @@ One step:
    scaled by the world size): the update is the same for any number of ranks. A rank's share
    runs as length-sorted micro-batches of at most `micro_batch_tokens` padded tokens whose
    gradients accumulate; a rank with fewer of them than another (or none) runs zero-gradient
-   passes first, so every rank makes the same DDP calls. `mask_truncated_completions` leaves the responses cut at
+   passes first, so every rank makes the same DDP calls. Sequences whose gradient is exactly
+   zero (GRPO groups that scored alike, with no KL term) count in the loss's normalisation but
+   pass through no model (`_inert`). `mask_truncated_completions` leaves the responses cut at
    `max_new_tokens` out of both losses. The first mini-batch's log-probs, before any update,
    are compared with the rollout's: `train/logprob_gap` (~0 in float32; SD is lossless).
 4. The engine reads the policy's weights directly (its packed copy is rebuilt when they change),
@@ -38,9 +40,9 @@ One step:
    `resume` reads one back.
 
 The adaptive loop's plans: the built-in ones at the run's temperature (builtin_plans: the
-sampled chains alone at T > 0 under `sampled_drafts`), or with `plans_from` the best plan per batch size of a `tlt bench
-speculative --json` file at the run's temperature (tlt_core.adaptive.measured_plans); suffix-
-match plans beside either under `suffix_drafts`.
+sampled chains alone at T > 0 under `sampled_drafts`), or with `plans_from` the best plan per
+batch size of a `tlt bench speculative --json` file at the run's temperature
+(tlt_core.adaptive.measured_plans); suffix-match plans beside either under `suffix_drafts`.
 
 The learning rate follows tlt_core.optim.schedule (warm-up, then constant or cosine), per step.
 
@@ -397,7 +399,8 @@ class RLDriver:
         plan = plan_update(rollouts, minibatch_size=config.minibatch_size,
                            micro_batch_tokens=config.micro_batch_tokens,
                            mask_truncated=config.mask_truncated_completions, seed=config.seed,
-                           step=self.state.step, rank=group.rank, world=group.world_size)
+                           step=self.state.step, rank=group.rank, world=group.world_size,
+                           inert=self._inert(rollouts, scores))
         before = self._before_update(rollouts, plan, device)
         advantages, returns, value_stats = self._advantages(rollouts, scores, before, plan.mine)
         self._train(True)
@@ -436,6 +439,9 @@ class RLDriver:
                     _sync_unless(self._critic_ddp, index == passes - 1):
                 self._zero_gradient_pass(rollouts, batch[0], device)
         totals.start_minibatch()
+        # an inert sequence's tokens count in the clip fraction's denominator, as if passed
+        totals.tokens += sum(len(rollouts[j].tokens) for j in plan.inert[number]
+                             if plan.counted[j])
         for index, rows in enumerate(micros, start=padding):
             micro = pack_micro_batch(rollouts, rows, device)
             weights = micro_batch_weights(micro, plan, mode=config.loss_agg_mode,
@@ -460,10 +466,16 @@ class RLDriver:
         config = self.config
         model = self._ddp if self._ddp is not None else self.policy
         kl_in_loss = self.reference is not None and config.kl_placement == "loss"
-        old = micro.padded(before.old) if before.old is not None else micro.rollout_logprobs
         with _sync_unless(self._ddp, last):
             logp = response_logprobs(model, micro.sequences, micro.prompt_lengths, micro.mask,
                                      config.temperature)  # (B, T)
+            if before.old is not None and any(j not in before.old for j in micro.rows):
+                # the first mini-batch's old log-probs: this pass's, the policy not yet updated
+                detached = logp.detach().cpu()
+                for b, j in enumerate(micro.rows):
+                    before.old[j] = detached[b, :int(micro.mask[b].sum())]
+            old = (micro.padded(before.old) if before.old is not None
+                   else micro.rollout_logprobs)
             if gaps is not None:
                 gaps.append(float(((logp.detach() - micro.rollout_logprobs) * micro.mask)
                                   .abs().max()))
@@ -523,7 +535,13 @@ class RLDriver:
     def _before_update(self, rollouts, plan: UpdatePlan, device) -> BeforeUpdate:
         """This rank's rollouts' per-token numbers before any update: the policy's own
         log-probs (when PPO's old log-probs are recomputed), the reference's (with a KL) and
-        the critic's values (with PPO)."""
+        the critic's values (with PPO).
+
+        The first mini-batch's old log-probs are left out when the policy is a tlt_core
+        Transformer: its first training pass computes them (`_policy_pass`), the policy not yet
+        updated and a training pass the same function as an evaluation one (no dropout), so a
+        forward pass over those sequences is saved: all of them with one mini-batch of one
+        epoch, TRL's case for taking the old log-probs from the training pass."""
         config = self.config
         recompute = config.old_logprobs == "recompute" or (
             config.old_logprobs == "auto"
@@ -531,13 +549,16 @@ class RLDriver:
         old = {} if recompute else None
         ref = {} if self.reference is not None else None
         values = {} if self.critic is not None else None
+        deferred = ({j for micro in plan.micro_batches[0] for j in micro}
+                    if recompute and isinstance(self.policy, Transformer) else set())
         self.policy.eval()
         with torch.no_grad():
             for rows in (rows for micros in plan.micro_batches for rows in micros):
                 micro = pack_micro_batch(rollouts, rows, device)
                 inputs = (micro.sequences, micro.prompt_lengths, micro.mask)
+                now = old if not deferred.issuperset(rows) else None
                 for out, compute in (
-                        (old, lambda: response_logprobs(self.policy, *inputs, config.temperature)),
+                        (now, lambda: response_logprobs(self.policy, *inputs, config.temperature)),
                         (ref, lambda: response_logprobs(self.reference, *inputs,
                                                         config.temperature)),
                         (values, lambda: response_values(self.critic, *inputs))):
@@ -547,17 +568,36 @@ class RLDriver:
                             out[j] = result[b, :len(rollouts[j].tokens)]
         return BeforeUpdate(old, ref, values)
 
-    def _advantages(self, rollouts, scores: torch.Tensor, before: BeforeUpdate, mine: list[int]
-                    ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], dict]:
-        """Per-token advantages and (PPO) returns of this rank's rollouts `mine`, keyed by
-        rollout index, and the statistics they give (explained variance; the in-reward KL)."""
-        config, group = self.config, self.group
+    def _rewards(self, rollouts, scores: torch.Tensor) -> torch.Tensor:
+        """The scores with the overlong penalty, one per rollout."""
+        config = self.config
         rewards = scores.clone()
         if config.overlong_buffer_len:
             rewards += torch.tensor([overlong_penalty(len(r.tokens), config.max_new_tokens,
                                                       config.overlong_buffer_len,
                                                       config.overlong_penalty_factor)
                                      for r in rollouts])
+        return rewards
+
+    def _inert(self, rollouts, scores: torch.Tensor) -> frozenset[int]:
+        """The rollouts whose every token's gradient is exactly zero, which the update passes
+        over (tlt_core.rl.update.UpdatePlan): GRPO's samples with a group advantage of 0 when
+        no KL term reaches the loss or the rewards (the clipped surrogate of A = 0 is 0 at any
+        ratio). Early in RL on a hard task most groups score alike (all wrong), and this is
+        most of the update's passes."""
+        if self.critic is not None or self.reference is not None:
+            return frozenset()
+        advantages = group_advantages(
+            self._rewards(rollouts, scores).view(-1, self.config.samples_per_prompt),
+            self.config.scale_rewards).view(-1)
+        return frozenset(torch.nonzero(advantages == 0).view(-1).tolist())
+
+    def _advantages(self, rollouts, scores: torch.Tensor, before: BeforeUpdate, mine: list[int]
+                    ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], dict]:
+        """Per-token advantages and (PPO) returns of this rank's rollouts `mine`, keyed by
+        rollout index, and the statistics they give (explained variance; the in-reward KL)."""
+        config, group = self.config, self.group
+        rewards = self._rewards(rollouts, scores)
         token_kl = {}
         stats = {}
         if self.reference is not None and config.kl_placement == "reward":
@@ -705,8 +745,8 @@ class RLDriver:
 
     def save(self, directory: str | Path, *, keep: int = 2) -> Path | None:
         """Writes this step's checkpoint as directory/step-NNNNNN (NNNNNN = steps done) and
-        keeps the newest `keep` (tlt_core.persistence.checkpoint_io.write_checkpoint); rank 0 writes and
-        returns the folder, the other ranks return None."""
+        keeps the newest `keep` (tlt_core.persistence.checkpoint_io.write_checkpoint); rank 0
+        writes and returns the folder, the other ranks return None."""
         if self.group.rank != 0:
             return None
         return write_checkpoint(directory, self.state.step, self.state_dict(), keep=keep)
@@ -732,8 +772,9 @@ def _score(reward_fn: RewardFn, prompts: list[Prompt], responses: list[str]) -> 
 def _adaptive_plans(config: TrainConfig) -> tuple[tuple[DraftPlan, ...], MeasuredPlans | None]:
     """The adaptive loop's plans, and what plans_from's file measured (None without one): the
     file's best plans at the run's temperature, else the built-in ones at that temperature
-    (builtin_plans: the sampled chains alone at T > 0 under sampled_drafts); suffix-match plans beside either under suffix_drafts (a benchmark's
-    requests have no siblings to copy drafts from, so the file cannot rank them)."""
+    (builtin_plans: the sampled chains alone at T > 0 under sampled_drafts); suffix-match
+    plans beside either under suffix_drafts (a benchmark's requests have no siblings to copy
+    drafts from, so the file cannot rank them)."""
     measured = None
     if config.plans_from is not None:
         try:

@@ -25,30 +25,41 @@ class UpdatePlan:
     sequences j of a mini-batch with j mod world == r, as micro-batches of at most
     `micro_batch_tokens` padded tokens; every rank can work out every share because all hold
     every rollout, so all run the same number of passes per mini-batch (DDP's reductions are
-    collectives)."""
+    collectives).
+
+    Inert sequences (`plan_update`'s `inert`: every token's gradient exactly zero, as a GRPO
+    sample's whose group scored alike when no KL term is in the loss) stay in their mini-batch,
+    whose token and sequence counts normalise the loss, but in no micro-batch: a pass would
+    add zeros to the gradient. A mini-batch whose sequences are all inert still gets one pass
+    (a zero-gradient one, the driver's), so that its optimizer step sees zero gradients: AdamW
+    moves the weights on its moments and decay even then."""
     minibatches: list[list[int]]  # rollout indices, in training order
     micro_batches: list[list[list[int]]]  # this rank's micro-batches of each mini-batch
-    passes: list[int]  # per mini-batch: the most micro-batches any rank has
+    passes: list[int]  # per mini-batch: the most micro-batches any rank has (at least 1)
     counted: list[bool]  # per rollout: its tokens are in the loss (not masked as truncated)
+    inert: list[list[int]]  # this rank's inert sequences of each mini-batch
 
     @property
     def mine(self) -> list[int]:
-        """This rank's rollout indices, over all mini-batches."""
+        """This rank's rollout indices that pass through the models, over all mini-batches."""
         return sorted(j for micros in self.micro_batches for micro in micros for j in micro)
 
 
 def plan_update(rollouts, *, minibatch_size: int, micro_batch_tokens: int,
-                mask_truncated: bool, seed: int, step: int, rank: int, world: int
-                ) -> UpdatePlan:
+                mask_truncated: bool, seed: int, step: int, rank: int, world: int,
+                inert: frozenset[int] = frozenset()) -> UpdatePlan:
+    """inert: rollout indices whose gradient is exactly zero (see UpdatePlan)."""
     by_length = sorted(range(len(rollouts)), key=lambda j: (len(rollouts[j].tokens), j))
     minibatches = [by_length[first:first + minibatch_size]
                    for first in range(0, len(by_length), minibatch_size)]
     random.Random(f"{seed}/{step}/minibatches").shuffle(minibatches)
-    shares = [[_micro_batches(rollouts, batch[r::world], micro_batch_tokens)
+    shares = [[_micro_batches(rollouts, [j for j in batch[r::world] if j not in inert],
+                              micro_batch_tokens)
                for r in range(world)] for batch in minibatches]
     counted = [not (mask_truncated and r.finish_reason == "length") for r in rollouts]
     return UpdatePlan(minibatches, [share[rank] for share in shares],
-                      [max(map(len, share)) for share in shares], counted)
+                      [max(1, *map(len, share)) for share in shares], counted,
+                      [[j for j in batch[rank::world] if j in inert] for batch in minibatches])
 
 
 def _micro_batches(rollouts, indices: list[int], budget: int) -> list[list[int]]:
