@@ -1,6 +1,7 @@
-"""The RL update's two savings change no weight: inert sequences (a GRPO group that scored
-alike, no KL term) pass through no model, and the first mini-batch's old log-probs come from its
-own training pass instead of a forward pass before the update. A driver with both is checked
+"""The RL update's two savings change no weight: inert sequences (a GRPO advantage of exactly
+0, as in a group that scored alike, and no KL term) pass through no model, and the first
+mini-batch's old log-probs come from its own training pass instead of a forward pass before the
+update. A driver with both is checked
 against one with neither, with several mini-batches and epochs, and the passes each one ran are
 counted. One sequence a micro-batch, so that both runs compute each sequence's gradient the
 same way, and the weights agree bit for bit: packed differently, they would agree to rounding,
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import tlt_core.rl.driver as driver_module
+from tlt_core.rl.advantages import group_advantages
 from tests.test_rl_options import constant_for_odd_prompts, make, small
 
 
@@ -19,17 +21,27 @@ class NotOurTransformer:
 
 
 def run(config, reward, monkeypatch, *, savings: bool):  # reward: a fresh reward function
-    """Final weights, per-step metrics, and the sequences each kind of pass saw."""
-    passes = {"before": [], "train": []}
+    """Final weights, per-step metrics, the sequences each kind of pass saw and each step's
+    share of samples with an advantage of exactly 0."""
+    passes = {"before": [], "train": [], "zero": []}  # zero: share of advantages exactly 0
     logprobs = driver_module.response_logprobs
 
     def spy(model, sequences, *args, **kwargs):
         passes["train" if torch.is_grad_enabled() else "before"].append(sequences.shape[0])
         return logprobs(model, sequences, *args, **kwargs)
 
+    update = driver_module.RLDriver._update
+
+    def spy_update(self, rollouts, scores):
+        advantages = group_advantages(scores.view(-1, config.samples_per_prompt),
+                                      config.scale_rewards)
+        passes["zero"].append(float((advantages == 0).float().mean()))
+        return update(self, rollouts, scores)
+
     driver = make(config, reward=reward())
     with monkeypatch.context() as patch:
         patch.setattr(driver_module, "response_logprobs", spy)
+        patch.setattr(driver_module.RLDriver, "_update", spy_update)
         if not savings:
             patch.setattr(driver_module.RLDriver, "_inert", lambda self, *_: frozenset())
             patch.setattr(driver_module, "Transformer", NotOurTransformer)
@@ -45,14 +57,17 @@ def assert_same_update(config, reward, monkeypatch):
     for got, want in zip(metrics, expected):
         for key in ("train/loss", "train/clip_fraction", "train/grad_norm", "train/reward"):
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
-    return saved, full
+    return saved, full, metrics
 
 
 def test_inert_groups_and_deferred_old_logprobs_leave_the_update_unchanged(monkeypatch):
     # odd prompts' groups all score 0.5: inert; 2 mini-batches of 8, 2 epochs
     config = small(steps=2, minibatch_size=8, ppo_epochs=2, old_logprobs="recompute",
                    micro_batch_tokens=1)
-    saved, full = assert_same_update(config, lambda: constant_for_odd_prompts, monkeypatch)
+    saved, full, metrics = assert_same_update(config, lambda: constant_for_odd_prompts,
+                                              monkeypatch)
+    assert [m["train/inert_fraction"] for m in metrics] == saved["zero"]
+    assert any(0 < share < 1 for share in saved["zero"])  # some samples learn, some not
     sequences = config.prompts_per_step * config.samples_per_prompt
     assert len(full["before"]) == sequences * config.steps  # every sequence, once a step
     assert len(full["train"]) == sequences * config.ppo_epochs * config.steps
@@ -70,5 +85,6 @@ def test_a_step_with_nothing_to_learn_still_steps_the_optimizer(monkeypatch):
         rewards = iter([float(i % 3) for i in range(16)] + [1.0] * 32)
         return lambda *_: next(rewards)
 
-    saved, full = assert_same_update(config, learns_once, monkeypatch)
+    saved, full, metrics = assert_same_update(config, learns_once, monkeypatch)
+    assert [m["train/inert_fraction"] for m in metrics][1:] == [1.0, 1.0]
     assert len(saved["train"]) < len(full["train"])

@@ -115,6 +115,10 @@ METRICS: dict[str, tuple[str, str]] = {
                                  "is 0"),
     "train/clip_fraction": ("fraction", "share of response tokens whose clipped PPO term was "
                                         "the smaller one"),
+    "train/inert_fraction": ("fraction", "share of the step's samples whose gradient is exactly "
+                                         "zero (a GRPO advantage of 0, as in a group that "
+                                         "scored alike, and no KL term): counted in the loss's "
+                                         "normalisation, passed through no model"),
     "train/grad_norm": ("L2 norm", "largest gradient norm of the step's optimizer steps, "
                                    "before clipping"),
     "train/value_loss": ("squared reward", "PPO's clipped value loss as loss_agg_mode "

@@ -396,11 +396,12 @@ class RLDriver:
         if not rollouts:  # dynamic sampling kept no group: nothing to learn from
             return _no_update(self.critic is not None)
         device = next(self.policy.parameters()).device
+        inert = self._inert(rollouts, scores)
         plan = plan_update(rollouts, minibatch_size=config.minibatch_size,
                            micro_batch_tokens=config.micro_batch_tokens,
                            mask_truncated=config.mask_truncated_completions, seed=config.seed,
                            step=self.state.step, rank=group.rank, world=group.world_size,
-                           inert=self._inert(rollouts, scores))
+                           inert=inert)
         before = self._before_update(rollouts, plan, device)
         advantages, returns, value_stats = self._advantages(rollouts, scores, before, plan.mine)
         self._train(True)
@@ -410,7 +411,8 @@ class RLDriver:
                 self._minibatch_step(rollouts, plan, number, before, advantages, returns,
                                      totals, device, measure_gap=epoch == 0 and number == 0)
         self._train(False)
-        return self._loss_metrics(totals.reduced(group), value_stats)
+        return {**self._loss_metrics(totals.reduced(group), value_stats),
+                "train/inert_fraction": len(inert) / len(rollouts)}
 
     def _train(self, mode: bool) -> None:
         self.policy.train(mode)
@@ -797,6 +799,7 @@ def _model_config(policy: torch.nn.Module) -> dict | None:
 def _no_update(critic: bool) -> dict:
     """The loss metrics of a step that kept no rollout to train on."""
     out = {"train/loss": 0.0, "train/kl": 0.0, "train/clip_fraction": 0.0,
+           "train/inert_fraction": 0.0,
            "train/grad_norm": 0.0, "train/logprob_gap": 0.0, "train/value_loss": None,
            "train/value_clip_fraction": None, "train/explained_variance": None}
     if critic:
