@@ -194,7 +194,7 @@ def _row(label: str, run_name: str, m: dict) -> dict:
             **{key.removeprefix("spec/"): m[key] for key in m
                if key.startswith("spec/acceptance_length/")},
             "sd_on_share": m["spec/sd_step_share"], "logprob_gap": m["train/logprob_gap"],
-            "response_lengths": m["response_lengths"],
+            "inert_fraction": m["train/inert_fraction"], "response_lengths": m["response_lengths"],
             "step_trace": {"columns": list(TRACE_COLUMNS),
                            "rows": [[row[c] for c in TRACE_COLUMNS] for row in m["step_trace"]]}}
 
