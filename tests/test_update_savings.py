@@ -88,3 +88,19 @@ def test_a_step_with_nothing_to_learn_still_steps_the_optimizer(monkeypatch):
     saved, full, metrics = assert_same_update(config, learns_once, monkeypatch)
     assert [m["train/inert_fraction"] for m in metrics][1:] == [1.0, 1.0]
     assert len(saved["train"]) < len(full["train"])
+
+
+@pytest.mark.parametrize("options", [
+    dict(kl_coef=0.05, kl_placement="loss"),
+    dict(algorithm="ppo", critic_lr=1e-2, kl_coef=0.05, kl_placement="reward")], ids=str)
+def test_with_a_kl_term_the_update_is_unchanged_too(options, monkeypatch):
+    """A KL term gives every sample a gradient (none is inert); in the reward it reads the old
+    log-probs before the update, so none is taken from the training pass there."""
+    config = small(steps=2, minibatch_size=8, ppo_epochs=2, old_logprobs="recompute",
+                   micro_batch_tokens=1, **options)
+    saved, full, metrics = assert_same_update(config, lambda: constant_for_odd_prompts,
+                                              monkeypatch)
+    assert all(m["train/inert_fraction"] == 0.0 for m in metrics)
+    assert len(saved["train"]) == len(full["train"])
+    in_reward = options["kl_placement"] == "reward"
+    assert (len(saved["before"]) == len(full["before"])) == in_reward

@@ -540,10 +540,11 @@ class RLDriver:
         the critic's values (with PPO).
 
         The first mini-batch's old log-probs are left out when the policy is a tlt_core
-        Transformer: its first training pass computes them (`_policy_pass`), the policy not yet
-        updated and a training pass the same function as an evaluation one (no dropout), so a
-        forward pass over those sequences is saved: all of them with one mini-batch of one
-        epoch, TRL's case for taking the old log-probs from the training pass."""
+        Transformer and nothing reads them before the update (a KL in the reward does): its
+        first training pass computes them (`_policy_pass`), the policy not yet updated and a
+        training pass the same function as an evaluation one (no dropout), so a forward pass
+        over those sequences is saved: all of them with one mini-batch of one epoch, TRL's case
+        for taking the old log-probs from the training pass."""
         config = self.config
         recompute = config.old_logprobs == "recompute" or (
             config.old_logprobs == "auto"
@@ -551,8 +552,10 @@ class RLDriver:
         old = {} if recompute else None
         ref = {} if self.reference is not None else None
         values = {} if self.critic is not None else None
+        kl_in_reward = self.reference is not None and config.kl_placement == "reward"
         deferred = ({j for micro in plan.micro_batches[0] for j in micro}
-                    if recompute and isinstance(self.policy, Transformer) else set())
+                    if recompute and isinstance(self.policy, Transformer) and not kl_in_reward
+                    else set())
         self.policy.eval()
         with torch.no_grad():
             for rows in (rows for micros in plan.micro_batches for rows in micros):
