@@ -189,6 +189,30 @@ def test_sd_as_the_mode_measures_plain_first_in_each_cell():
     assert all(plan is not None for plan in second)
 
 
+def test_the_first_speculative_step_is_charged_but_not_measured():
+    """The process's first speculative step pays one-time costs (5x a steady step here): the
+    budget pays them, the table never sees them, so no cell borrows that rate."""
+    truth = Truth(accept=lambda batch: 4.0)  # SD 2.5x at every batch
+    policy = primed(truth)
+    policy.start_call()
+    cell, arms = BUCKETS.cell(8, 100), []
+    for step in range(12):
+        plan = policy.choose(8, 100)
+        arm = PLAIN if plan is None else 1 + SYNTHETIC_PLANS.index(plan)
+        first = plan is not None and all(a == PLAIN for a in arms)
+        seconds = truth.seconds(plan, 8) * (5.0 if first else 1.0)
+        arms.append(arm)
+        policy.observe(StepOutcome(step, 8, 100, plan, round(8 * truth.tokens_per_row(plan, 8)),
+                                   seconds))
+    speculative = [a for a in arms if a != PLAIN]
+    assert len(speculative) >= 2
+    assert sum(policy.table.steps(cell, a) for a in range(1, len(SYNTHETIC_PLANS) + 1)) == \
+        len(speculative) - 1
+    assert policy.table.steps(cell, PLAIN) == arms.count(PLAIN)
+    ratio = policy.table.group_ratio(cell, speculative[0])
+    assert ratio == pytest.approx(1.0, rel=0.01)  # the steady steps: as predicted
+
+
 def test_no_latch_when_the_off_point_is_at_max_batch():
     """Calibration overestimated acceptance by 70%, so SD seemed to pay at every batch up to
     max_batch (an off point there); truth says only below 8 rows. The loop turns SD off at
