@@ -27,7 +27,8 @@ Never worse by construction:
   the seconds that arm needs for the same tokens), and a drafter catch-up spends its seconds.
   So a favourable calibration alone can cost no more than the budget, what exploring costs in
   a cell stays within `tolerance` of the time the cell took, and exploration dies out as the
-  bounds tighten;
+  bounds tighten. The process's first speculative step, which pays one-time costs, is
+  charged to the budget but kept out of the table;
 - per generate call (`start_call`): the mode and its hysteresis count. Carried across calls:
   the table, so one RL step's measurements are the next one's prior, and the exploration
   budgets, so a cell the tail visits for a few steps per call can still afford a trial.

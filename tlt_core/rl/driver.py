@@ -24,8 +24,8 @@ One step:
    runs as length-sorted micro-batches of at most `micro_batch_tokens` padded tokens whose
    gradients accumulate; a rank with fewer of them than another (or none) runs zero-gradient
    passes first, so every rank makes the same DDP calls. Sequences whose gradient is exactly
-   zero (GRPO groups that scored alike, with no KL term) count in the loss's normalisation but
-   pass through no model (`_inert`). `mask_truncated_completions` leaves the responses cut at
+   zero (a GRPO advantage of 0, as in a group that scored alike, and no KL term) count in the
+   loss's normalisation but pass through no model (`_inert`). `mask_truncated_completions` leaves the responses cut at
    `max_new_tokens` out of both losses. The first mini-batch's log-probs, before any update,
    are compared with the rollout's: `train/logprob_gap` (~0 in float32; SD is lossless).
 4. The engine reads the policy's weights directly (its packed copy is rebuilt when they change),
