@@ -27,8 +27,8 @@ Never worse by construction:
   the seconds that arm needs for the same tokens), and a drafter catch-up spends its seconds.
   So a favourable calibration alone can cost no more than the budget, what exploring costs in
   a cell stays within `tolerance` of the time the cell took, and exploration dies out as the
-  bounds tighten. The process's first speculative step, which pays one-time costs, is
-  charged to the budget but kept out of the table;
+  bounds tighten. The policy's first speculative step (in RL training, the process's first),
+  which pays one-time costs, is charged to the budget but kept out of the table;
 - per generate call (`start_call`): the mode and its hysteresis count. Carried across calls:
   the table, so one RL step's measurements are the next one's prior, and the exploration
   budgets, so a cell the tail visits for a few steps per call can still afford a trial.
@@ -245,10 +245,10 @@ class AdaptivePolicy:
         if choice is None or arm != choice.arm:
             return  # not a step this policy chose
         measured_s = outcome.seconds - outcome.catch_up_s
-        # The process's first speculative step pays one-time costs besides the catch-up (on
-        # SmolLM2 at 32 rows, 2-5x a steady step; a later switch from plain to SD, none): to
-        # the budget, not the table, which would lend that rate to every cell where the arm
-        # has not run.
+        # The policy's first speculative step (in RL training, the process's first) pays
+        # one-time costs besides the catch-up (on SmolLM2 at 32 rows, 2-5x a steady step; a
+        # later switch from plain to SD, none): to the budget, not the table, which would lend
+        # that rate to every cell where the arm has not run.
         first_draft = arm != PLAIN and not self._drafted
         self._drafted |= arm != PLAIN
         if measured_s > 0 and not first_draft:

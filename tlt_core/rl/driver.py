@@ -25,9 +25,10 @@ One step:
    gradients accumulate; a rank with fewer of them than another (or none) runs zero-gradient
    passes first, so every rank makes the same DDP calls. Sequences whose gradient is exactly
    zero (a GRPO advantage of 0, as in a group that scored alike, and no KL term) count in the
-   loss's normalisation but pass through no model (`_inert`). `mask_truncated_completions` leaves the responses cut at
-   `max_new_tokens` out of both losses. The first mini-batch's log-probs, before any update,
-   are compared with the rollout's: `train/logprob_gap` (~0 in float32; SD is lossless).
+   loss's normalisation but pass through no model (`_inert`). `mask_truncated_completions`
+   leaves the responses cut at `max_new_tokens` out of both losses. The first mini-batch's
+   log-probs, before any update, are compared with the rollout's: `train/logprob_gap` (~0 in
+   float32; SD is lossless).
 4. The engine reads the policy's weights directly (its packed copy is rebuilt when they change),
    the drafter replicas are refreshed (step-weighted average) and the watchdog judges them
    (a rollback it asks for is loaded here).
@@ -474,8 +475,9 @@ class RLDriver:
             if before.old is not None and any(j not in before.old for j in micro.rows):
                 # the first mini-batch's old log-probs: this pass's, the policy not yet updated
                 detached = logp.detach().cpu()
+                lengths = micro.mask.sum(dim=1).long().tolist()  # one host read, not one a row
                 for b, j in enumerate(micro.rows):
-                    before.old[j] = detached[b, :int(micro.mask[b].sum())]
+                    before.old[j] = detached[b, :lengths[b]]
             old = (micro.padded(before.old) if before.old is not None
                    else micro.rollout_logprobs)
             if gaps is not None:

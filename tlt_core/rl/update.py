@@ -28,7 +28,7 @@ class UpdatePlan:
     collectives).
 
     Inert sequences (`plan_update`'s `inert`: every token's gradient exactly zero, as a GRPO
-    sample's whose group scored alike when no KL term is in the loss) stay in their mini-batch,
+    sample's with an advantage of 0 when no KL term is in the loss) stay in their mini-batch,
     whose token and sequence counts normalise the loss, but in no micro-batch: a pass would
     add zeros to the gradient. A mini-batch whose sequences are all inert still gets one pass
     (a zero-gradient one, the driver's), so that its optimizer step sees zero gradients: AdamW
