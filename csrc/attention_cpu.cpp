@@ -7,6 +7,9 @@
 // slots every query of the task sees (all of them in a decode step, the committed prefix in a
 // verification pass) run for up to four queries at once, each K and V row loaded once for them
 // (SmolLM2's layer, 2 Zen 5 cores: 1.7x at one token over 200 slots, 2.4x at 16 over 800).
+// A bfloat16 cache is read as stored and each K and V element widened exactly as it is loaded
+// (its bits shifted up), so it gives the bits a float32 cache holding the same values gives,
+// for half the bytes read.
 #include "tlt/attention.h"
 
 #include <algorithm>
@@ -47,10 +50,11 @@ constexpr int64_t kSlotChunk = 64;
 constexpr int64_t kQueryBlock = 8;
 
 struct Problem {
-  const float* q;
+  const void* q;  // in the cache's type
   int64_t batch, q_heads, tokens, d;
-  const float* k;
-  const float* v;
+  const void* k;
+  const void* v;
+  FloatType kv_type;  // float32 or bfloat16: q, K and V
   int64_t group;  // query heads per KV head
   int64_t row_stride, head_stride, slots;
   const uint8_t* mask;
@@ -73,16 +77,33 @@ __attribute__((target("avx2,fma"))) inline __m256 lane_sums(const __m256* v) {
   return _mm256_add_ps(low, high);
 }
 
+// Eight (sixteen) K or V elements as float32: a bfloat16 element widened exactly.
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+__attribute__((target("avx512f,avx512dq,avx512vl"))) inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+__attribute__((target("avx512f,avx512dq,avx512vl"))) inline __m512 load16(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
 // scores[n] = scale * q . key(seen[n]) for n < count, eight slots at a time (one accumulator
 // each, k in order); a slot's bits do not depend on the others in its eight. Returns their max.
-__attribute__((target("avx2,fma"))) float scores_avx2(const float* query, const float* keys,
+template <typename E>
+__attribute__((target("avx2,fma"))) float scores_avx2(const float* query, const E* keys,
                                                       const int64_t* seen, int64_t count,
                                                       int64_t d, float scale, float* scores) {
   // a last group of fewer than eight repeats its first slot, which leaves the max as it is
   __m256 top = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t n0 = 0; n0 < count; n0 += 8) {
     const int64_t group = count - n0 < 8 ? count - n0 : 8;
-    const float* key[8];
+    const E* key[8];
     for (int64_t m = 0; m < 8; ++m) key[m] = keys + seen[n0 + (m < group ? m : 0)] * d;
     __m256 acc[8];
 #pragma GCC unroll 8
@@ -91,7 +112,7 @@ __attribute__((target("avx2,fma"))) float scores_avx2(const float* query, const 
       const __m256 q = _mm256_loadu_ps(query + i);
 #pragma GCC unroll 8
       for (int m = 0; m < 8; ++m)
-        acc[m] = _mm256_fmadd_ps(q, _mm256_loadu_ps(key[m] + i), acc[m]);
+        acc[m] = _mm256_fmadd_ps(q, load8(key[m] + i), acc[m]);
     }
     alignas(32) float out[8];
     const __m256 scaled = _mm256_mul_ps(_mm256_set1_ps(scale), lane_sums(acc));
@@ -134,7 +155,8 @@ __attribute__((target("avx2,fma"))) float weights_avx2(float* p, int64_t count, 
 
 // out[0, width) += p[n] * V[seen[n], 0, width) for n < count, in order; width a multiple of 8
 // up to kValueBlock.
-__attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const float* v,
+template <typename E>
+__attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const E* v,
                                                            int64_t v_stride, const int64_t* seen,
                                                            int64_t count, int64_t width,
                                                            float* out) {
@@ -145,10 +167,10 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
     acc[c] = c < lanes ? _mm256_loadu_ps(out + 8 * c) : _mm256_setzero_ps();
   for (int64_t n = 0; n < count; ++n) {
     const __m256 weight = _mm256_broadcast_ss(p + n);
-    const float* row = v + seen[n] * v_stride;
+    const E* row = v + seen[n] * v_stride;
 #pragma GCC unroll 8
     for (int64_t c = 0; c < kValueBlock / 8; ++c)
-      if (c < lanes) acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * c), acc[c]);
+      if (c < lanes) acc[c] = _mm256_fmadd_ps(weight, load8(row + 8 * c), acc[c]);
   }
 #pragma GCC unroll 8
   for (int64_t c = 0; c < kValueBlock / 8; ++c)
@@ -163,9 +185,9 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
 
 // scores[j][s] = scale * q_j . key(s) for slots s in [s0, s1), a multiple of 8 of them, for Q
 // queries; top[j] = max(top[j], those scores).
-template <int Q>
+template <int Q, typename E>
 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) void shared_scores_avx512(
-    const float* const* query, const float* keys, int64_t s0, int64_t s1, int64_t d,
+    const float* const* query, const E* keys, int64_t s0, int64_t s1, int64_t d,
     float scale, float* const* scores, float* top) {
   __m256 tops[Q];
 #pragma GCC unroll 4
@@ -180,9 +202,8 @@ __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) void shared_scores
       __m512 key[4];
 #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k)
-        key[k] = _mm512_insertf32x8(
-            _mm512_castps256_ps512(_mm256_loadu_ps(keys + (s + k) * d + i)),
-            _mm256_loadu_ps(keys + (s + k + 4) * d + i), 1);
+        key[k] = _mm512_insertf32x8(_mm512_castps256_ps512(load8(keys + (s + k) * d + i)),
+                                    load8(keys + (s + k + 4) * d + i), 1);
 #pragma GCC unroll 4
       for (int j = 0; j < Q; ++j) {
         const __m512 q = _mm512_broadcast_f32x8(_mm256_loadu_ps(query[j] + i));
@@ -213,9 +234,9 @@ __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma"))) void shared_scores
 
 // sums[j][0, d) += p[j][s] * V(s) for slots s in [s0, s1), in order, for Q queries; d a
 // multiple of 16.
-template <int Q>
+template <int Q, typename E>
 __attribute__((target("avx512f,avx512dq,avx512vl"))) void shared_values_avx512(
-    const float* const* p, const float* values, int64_t s0, int64_t s1, int64_t d,
+    const float* const* p, const E* values, int64_t s0, int64_t s1, int64_t d,
     float* const* sums) {
   constexpr int kBlocks = kValueBlock / 16;
   for (int64_t i0 = 0; i0 < d; i0 += kValueBlock) {
@@ -227,11 +248,11 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) void shared_values_avx512(
       for (int c = 0; c < kBlocks; ++c)
         acc[j][c] = c < blocks ? _mm512_loadu_ps(sums[j] + i0 + 16 * c) : _mm512_setzero_ps();
     for (int64_t s = s0; s < s1; ++s) {
-      const float* row = values + s * d + i0;
+      const E* row = values + s * d + i0;
       __m512 value[kBlocks];
 #pragma GCC unroll 4
       for (int c = 0; c < kBlocks; ++c)
-        value[c] = c < blocks ? _mm512_loadu_ps(row + 16 * c) : _mm512_setzero_ps();
+        value[c] = c < blocks ? load16(row + 16 * c) : _mm512_setzero_ps();
 #pragma GCC unroll 4
       for (int j = 0; j < Q; ++j) {
         const __m512 weight = _mm512_set1_ps(p[j][s]);
@@ -263,11 +284,16 @@ void in_query_groups(int64_t count, Body&& body) {
 
 #endif
 
+// A K or V element as float32 (a bfloat16 one widened exactly).
+inline float widen(float value) { return value; }
+inline float widen(uint16_t value) { return cpu::bfloat16_to_float(value); }
+
 // A task's queries: for query j, the slots it sees (seen[j S ..]), their scores and then
-// weights (p[j S ..]), and its running sums of V (sums[j d ..]).
+// weights (p[j S ..]), its running sums of V (sums[j d ..]) and, from a bfloat16 q, q widened
+// (queries[j d ..]).
 struct Scratch {
   std::vector<int64_t> seen, count, cursor;
-  std::vector<float> p, top, total, sums;
+  std::vector<float> p, top, total, sums, queries;
   void reserve(int64_t queries, int64_t slots, int64_t d) {
     // each buffer sized on its own: after a failed resize the others must not pass as grown
     auto grow = [](auto& buffer, int64_t size) {
@@ -276,6 +302,7 @@ struct Scratch {
     grow(seen, queries * slots);
     grow(p, queries * slots);
     grow(sums, queries * d);
+    grow(this->queries, queries * d);
     for (auto* buffer : {&count, &cursor}) grow(*buffer, queries);
     for (auto* buffer : {&top, &total}) grow(*buffer, queries);
   }
@@ -287,16 +314,28 @@ struct Scratch {
 // sums and V sums run over its own slots in order, chunk after chunk.
 // shared: whether the slots every query sees run through the AVX-512 path (shared_scores_avx512,
 // shared_values_avx512); the rest of each query's slots run query by query.
+template <typename E>
 void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j1, bool vector,
                   bool shared, Scratch& scratch) {
   const int64_t d = pb.d, S = pb.slots, T = pb.tokens;
   const int64_t kv_offset = b * pb.row_stride + g * pb.head_stride;
-  const float* keys = pb.k + kv_offset;
-  const float* values = pb.v + kv_offset;
+  const E* keys = static_cast<const E*>(pb.k) + kv_offset;
+  const E* values = static_cast<const E*>(pb.v) + kv_offset;
   const int64_t queries = j1 - j0;
   scratch.reserve(queries, S, d);
-  auto query_of = [&](int64_t j) {
-    return pb.q + ((b * pb.q_heads + g * pb.group + (j0 + j) / T) * T + (j0 + j) % T) * d;
+  // each query's q as float32: read in place, or widened once from bfloat16
+  auto q_offset = [&](int64_t j) {
+    return ((b * pb.q_heads + g * pb.group + (j0 + j) / T) * T + (j0 + j) % T) * d;
+  };
+  if constexpr (std::is_same_v<E, uint16_t>) {
+    for (int64_t j = 0; j < queries; ++j) {
+      const uint16_t* q = static_cast<const uint16_t*>(pb.q) + q_offset(j);
+      for (int64_t i = 0; i < d; ++i) scratch.queries[j * d + i] = cpu::bfloat16_to_float(q[i]);
+    }
+  }
+  auto query_of = [&](int64_t j) -> const float* {
+    if constexpr (std::is_same_v<E, uint16_t>) return scratch.queries.data() + j * d;
+    return static_cast<const float*>(pb.q) + q_offset(j);
   };
   auto sees_of = [&](int64_t j) -> const uint8_t* {
     return pb.mask == nullptr ? nullptr
@@ -357,7 +396,7 @@ void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j
   for (int64_t c0 = 0; c0 < common; c0 += kSlotChunk) {
     const int64_t c1 = std::min(common, c0 + kSlotChunk);
     in_query_groups(queries, [&](auto group, int64_t j) {
-      shared_scores_avx512<decltype(group)::value>(query_rows + j, keys, c0, c1, d, pb.scale,
+      shared_scores_avx512<decltype(group)::value, E>(query_rows + j, keys, c0, c1, d, pb.scale,
                                                    score_rows + j, scratch.top.data() + j);
     });
   }
@@ -375,9 +414,9 @@ void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j
 #endif
     if (!vector) {
       for (int64_t n = n0; n < n1; ++n) {
-        const float* key = keys + seen[n] * d;
+        const E* key = keys + seen[n] * d;
         float dot = 0.f;
-        for (int64_t i = 0; i < d; ++i) dot = std::fma(query[i], key[i], dot);
+        for (int64_t i = 0; i < d; ++i) dot = std::fma(query[i], widen(key[i]), dot);
         p[n] = pb.scale * dot;
         top = p[n] > top ? p[n] : top;
       }
@@ -406,7 +445,7 @@ void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j
   for (int64_t c0 = 0; c0 < common; c0 += kSlotChunk) {
     const int64_t c1 = std::min(common, c0 + kSlotChunk);
     in_query_groups(queries, [&](auto group, int64_t j) {
-      shared_values_avx512<decltype(group)::value>(score_rows + j, values, c0, c1, d,
+      shared_values_avx512<decltype(group)::value, E>(score_rows + j, values, c0, c1, d,
                                                    sum_rows + j);
     });
   }
@@ -426,7 +465,7 @@ void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j
 #endif
       for (int64_t i = i0; i < i0 + width; ++i)
         for (int64_t n = n0; n < n1; ++n)
-          sums[i] = std::fma(p[n], values[seen[n] * d + i], sums[i]);
+          sums[i] = std::fma(p[n], widen(values[seen[n] * d + i]), sums[i]);
     }
   });
 
@@ -446,10 +485,10 @@ void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j
 
 }  // namespace
 
-void decode_attention_cpu(const float* q, int64_t batch, int64_t q_heads, int64_t tokens,
-                          int64_t head_dim, const float* cache_k, const float* cache_v,
-                          int64_t kv_heads, int64_t row_stride, int64_t head_stride,
-                          int64_t max_len, int64_t slots, const uint8_t* mask,
+void decode_attention_cpu(const void* q, int64_t batch, int64_t q_heads, int64_t tokens,
+                          int64_t head_dim, const void* cache_k, const void* cache_v,
+                          FloatType kv_type, int64_t kv_heads, int64_t row_stride,
+                          int64_t head_stride, int64_t max_len, int64_t slots, const uint8_t* mask,
                           int64_t mask_batch_stride, int64_t mask_token_stride, float scale,
                           void* out, FloatType out_type) {
   cpu::require(batch >= 0, "q", "batch must be >= 0");
@@ -465,6 +504,8 @@ void decode_attention_cpu(const float* q, int64_t batch, int64_t q_heads, int64_
   cpu::require(std::isfinite(scale), "scale", "must be finite");
   cpu::require(out_type == FloatType::kFloat32 || out_type == FloatType::kBFloat16, "out",
                "must be float32 or bfloat16");
+  cpu::require(kv_type == FloatType::kFloat32 || kv_type == FloatType::kBFloat16, "cache",
+               "must be float32 or bfloat16");
   if (batch == 0) return;
   cpu::require(q != nullptr, "q", "is null");
   cpu::require(cache_k != nullptr && cache_v != nullptr, "cache", "is null");
@@ -476,9 +517,10 @@ void decode_attention_cpu(const float* q, int64_t batch, int64_t q_heads, int64_
 #else
   const bool vector = false, shared = false;
 #endif
-  const Problem pb{q,    batch,     q_heads,     tokens,     head_dim,         cache_k,
-                   cache_v, q_heads / kv_heads, row_stride, head_stride, slots,
-                   mask, mask_batch_stride, mask_token_stride, scale, out, out_type};
+  const Problem pb{q,           batch,      q_heads,     tokens, head_dim,
+                   cache_k,     cache_v,    kv_type,     q_heads / kv_heads,
+                   row_stride,  head_stride, slots,      mask,   mask_batch_stride,
+                   mask_token_stride, scale, out,        out_type};
   // a task: up to kQueryBlock queries of one KV head in one row
   const int64_t per_head = (q_heads / kv_heads) * tokens;
   const int64_t blocks = (per_head + kQueryBlock - 1) / kQueryBlock;
@@ -486,8 +528,12 @@ void decode_attention_cpu(const float* q, int64_t batch, int64_t q_heads, int64_
   auto task = [&](int64_t index) {
     thread_local Scratch scratch;
     const int64_t block = index % blocks, head = index / blocks;
-    attend_block(pb, head / kv_heads, head % kv_heads, block * kQueryBlock,
-                 std::min(per_head, (block + 1) * kQueryBlock), vector, shared, scratch);
+    const int64_t b = head / kv_heads, g = head % kv_heads, j0 = block * kQueryBlock;
+    const int64_t j1 = std::min(per_head, (block + 1) * kQueryBlock);
+    if (kv_type == FloatType::kBFloat16)
+      attend_block<uint16_t>(pb, b, g, j0, j1, vector, shared, scratch);
+    else
+      attend_block<float>(pb, b, g, j0, j1, vector, shared, scratch);
   };
   if (batch * q_heads * tokens * slots * head_dim < kParallelWork) {
     for (int64_t index = 0; index < tasks; ++index) task(index);

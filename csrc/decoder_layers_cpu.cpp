@@ -53,7 +53,7 @@ void check_layer(const DecoderLayerBf16& layer, const DecoderStep& s) {
 // The calling thread's activations between kernels, grown as needed.
 struct Workspace {
   std::vector<uint16_t> normed, qkv, attended, gate_up, act, heads;
-  std::vector<float> q;
+  std::vector<float> q;  // as rope_kv_write lays it out, in the cache's type (uint16_t: bf16)
 };
 
 // count heads of d values at `heads`, each RMSNormed with `weight` in place (through `scratch`:
@@ -78,6 +78,8 @@ void decoder_layers_bf16_cpu(const DecoderLayerBf16* layers, int64_t num_layers,
                "kv_heads", "must be >= 1 and divide q_heads");
   cpu::require(s.layer_stride >= 0 && s.plane_stride >= 0, "cache",
                "layer and plane strides must be >= 0");
+  cpu::require(s.cache_type == FloatType::kFloat32 || s.cache_type == FloatType::kBFloat16,
+               "cache", "must be float32 or bfloat16");
   cpu::require(num_saved >= 0 && (num_saved == 0 || (saved_layers && saved)), "saved",
                "must be >= 0 layers, non-null when any");
   for (int64_t i = 0; i < num_saved; ++i) {
@@ -98,7 +100,9 @@ void decoder_layers_bf16_cpu(const DecoderLayerBf16* layers, int64_t num_layers,
   thread_local Workspace work;
   work.normed.resize(rows * H);
   work.qkv.resize(rows * qkv_width);
-  work.q.resize(rows * q_width);
+  const bool bf16_cache = s.cache_type == FloatType::kBFloat16;
+  const int64_t element = bf16_cache ? 2 : 4;  // the cache's bytes per element
+  work.q.resize((rows * q_width * element + 3) / 4);
   work.attended.resize(rows * q_width);
   work.gate_up.resize(rows * 2 * s.intermediate);
   work.act.resize(rows * s.intermediate);
@@ -107,8 +111,8 @@ void decoder_layers_bf16_cpu(const DecoderLayerBf16* layers, int64_t num_layers,
 
   for (int64_t index = 0; index < num_layers; ++index) {
     const DecoderLayerBf16& layer = layers[index];
-    float* keys = s.cache + index * s.layer_stride;
-    float* values = keys + s.plane_stride;
+    char* keys = static_cast<char*>(s.cache) + index * s.layer_stride * element;
+    char* values = keys + s.plane_stride * element;
     const uint16_t* x = h;
     if (layer.input_norm != nullptr) {
       add_rms_norm_bf16_cpu(h, nullptr, layer.input_norm, rows, H, layer.input_eps, h,
@@ -125,10 +129,10 @@ void decoder_layers_bf16_cpu(const DecoderLayerBf16* layers, int64_t num_layers,
     }
     rope_kv_write_cpu(work.qkv.data(), FloatType::kBFloat16, s.batch, s.tokens, s.q_heads,
                       s.kv_heads, d, s.cos, s.sin_signed, s.table_len, s.positions, s.slots,
-                      keys, values, FloatType::kFloat32, s.row_stride, s.head_stride, s.max_len,
+                      keys, values, s.cache_type, s.row_stride, s.head_stride, s.max_len,
                       work.q.data());
     decode_attention_cpu(work.q.data(), s.batch, s.q_heads, s.tokens, d, keys, values,
-                         s.kv_heads, s.row_stride, s.head_stride, s.max_len, s.read_len, s.mask,
+                         s.cache_type, s.kv_heads, s.row_stride, s.head_stride, s.max_len, s.read_len, s.mask,
                          s.mask_batch_stride, s.mask_token_stride, scale, work.attended.data(),
                          FloatType::kBFloat16);
     product(work.attended.data(), rows, q_width, layer.o, h, h);

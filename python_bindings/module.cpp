@@ -256,13 +256,13 @@ void panel_matmul_bf16_pairs(uintptr_t x, int64_t rows, int64_t in_features, int
 
 // CPU only, as rope_kv_write. mask may be 0 (every query sees every slot read).
 void decode_attention(uintptr_t q, int64_t batch, int64_t q_heads, int64_t tokens,
-                      int64_t head_dim, uintptr_t cache_k, uintptr_t cache_v, int64_t kv_heads,
-                      int64_t row_stride, int64_t head_stride, int64_t max_len, int64_t slots,
-                      uintptr_t mask, int64_t mask_batch_stride, int64_t mask_token_stride,
-                      float scale, uintptr_t out, int32_t out_type) {
-  tlt::decode_attention_cpu(ptr<const float>(q), batch, q_heads, tokens, head_dim,
-                            ptr<const float>(cache_k), ptr<const float>(cache_v), kv_heads,
-                            row_stride, head_stride, max_len, slots, ptr<const uint8_t>(mask),
+                      int64_t head_dim, uintptr_t cache_k, uintptr_t cache_v, int32_t kv_type,
+                      int64_t kv_heads, int64_t row_stride, int64_t head_stride, int64_t max_len,
+                      int64_t slots, uintptr_t mask, int64_t mask_batch_stride,
+                      int64_t mask_token_stride, float scale, uintptr_t out, int32_t out_type) {
+  tlt::decode_attention_cpu(ptr<const void>(q), batch, q_heads, tokens, head_dim,
+                            ptr<const void>(cache_k), ptr<const void>(cache_v),
+                            static_cast<tlt::FloatType>(kv_type), kv_heads, row_stride, head_stride, max_len, slots, ptr<const uint8_t>(mask),
                             mask_batch_stride, mask_token_stride, scale, ptr<void>(out),
                             static_cast<tlt::FloatType>(out_type));
 }
@@ -312,16 +312,19 @@ class DecoderLayersBf16 {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
-  // cache: the float32 [L, 2, B, H_kv, max_len, d] cache's address and its first four strides;
-  // mask 0: none; saved: (layer, [R, H] output address) pairs.
-  void run(uintptr_t h, int64_t batch, int64_t tokens, uintptr_t cache, int64_t layer_stride,
+  // cache: the [L, 2, B, H_kv, max_len, d] cache's address, its type (FloatType: float32 or
+  // bfloat16) and its first four strides; mask 0: none; saved: (layer, [R, H] output address)
+  // pairs.
+  void run(uintptr_t h, int64_t batch, int64_t tokens, uintptr_t cache, int32_t cache_type,
+           int64_t layer_stride,
            int64_t plane_stride, int64_t row_stride, int64_t head_stride, int64_t max_len,
            uintptr_t cos, uintptr_t sin_signed, int64_t table_len, uintptr_t positions,
            uintptr_t slots, uintptr_t mask, int64_t mask_batch_stride, int64_t mask_token_stride,
            int64_t read_len, const std::vector<std::pair<int64_t, uintptr_t>>& saved) const {
     const auto& [hidden, q_heads, kv_heads, head_dim, intermediate] = shape_;
     const tlt::DecoderStep step{batch, tokens, hidden, q_heads, kv_heads, head_dim,
-                                intermediate, ptr<float>(cache), layer_stride, plane_stride,
+                                intermediate, ptr<void>(cache),
+                                static_cast<tlt::FloatType>(cache_type), layer_stride, plane_stride,
                                 row_stride, head_stride, max_len, ptr<const uint16_t>(cos),
                                 ptr<const uint16_t>(sin_signed), table_len,
                                 ptr<const int64_t>(positions), ptr<const int64_t>(slots),

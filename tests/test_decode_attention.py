@@ -60,6 +60,39 @@ def test_bf16_output_is_the_float32_output_rounded_once():
     assert torch.equal(narrow.view(torch.int16), wide.to(torch.bfloat16).view(torch.int16))
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_bf16_cache_gives_the_bits_of_a_float32_cache_holding_its_values(shape, masked):
+    """A bf16 model's cache holds bf16 values: read as bf16 and widened in the kernel, they give
+    every output bit of the same values held in float32 (every path: the AVX-512 shared slots,
+    AVX2, the portable loop), while the bytes read halve."""
+    B, H_q, H_kv, T, d, S = shape
+    q, cache = _problem(B, H_q, H_kv, T, d, S, max_len=S + 7)
+    q16, cache16 = q.to(torch.bfloat16), cache.to(torch.bfloat16)
+    mask = None
+    if masked:
+        mask = torch.rand(B, 1, T, S, generator=torch.Generator().manual_seed(1)) < 0.6
+        mask[..., 0] = True
+    for out_dtype in (torch.float32, torch.bfloat16):
+        narrow = decode_attention(q16, cache16, S, mask, out_dtype=out_dtype)
+        wide = decode_attention(q16.float(), cache16.float(), S, mask, out_dtype=out_dtype)
+        assert narrow.dtype == out_dtype
+        assert torch.equal(narrow.view(torch.int16 if out_dtype == torch.bfloat16
+                                       else torch.int32),
+                           wide.view(torch.int16 if out_dtype == torch.bfloat16
+                                     else torch.int32))
+
+
+def test_a_bf16_cache_sliced_from_a_wider_one_reads_its_own_strides():
+    """Layer and row views of a bf16 cache (strides in bf16 elements) read the right slots."""
+    q, cache = _problem(2, 9, 3, 1, 64, 40)
+    whole = torch.randn(3, 2, 4, 3, 48, 64).to(torch.bfloat16)  # (L, 2, rows, H_kv, max, d)
+    whole[1, :, 1:3, :, :40] = cache.to(torch.bfloat16)
+    got = decode_attention(q.to(torch.bfloat16), whole[1, :, 1:3], 40)
+    want = decode_attention(q.to(torch.bfloat16).float(), cache.to(torch.bfloat16).float(), 40)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("d", [64, 12])  # the AVX2 path and the portable loop
 def test_a_query_in_a_wide_pass_gets_the_bits_it_gets_alone(d):
     """Token t of a five-token causal pass over L committed slots sees slots [0, L + t]: its
@@ -178,7 +211,8 @@ def _bad(**changes):
 
 
 @pytest.mark.parametrize("changes, name", [
-    (dict(q=torch.zeros(1, 4, 2, 8, dtype=torch.bfloat16)), "q"),
+    (dict(q=torch.zeros(1, 4, 2, 8, dtype=torch.float16)), "q"),
+    (dict(q=torch.zeros(1, 4, 2, 8, dtype=torch.bfloat16)), "cache_kv"),  # q's dtype: the cache's
     (dict(q=torch.zeros(1, 2, 4, 8).transpose(1, 2)), "q"),
     (dict(q=torch.zeros(4, 2, 8)), "q"),
     (dict(q=torch.zeros(1, 3, 2, 8)), "cache_kv"),

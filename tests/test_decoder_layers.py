@@ -62,7 +62,7 @@ def one_by_one(layers, shape: DecoderShape, h, positions, slots, cache, cos, sin
                 qkv[:, first:first + count] = ops.add_rms_norm(
                     part, None, weight, layer.qk_eps)[1].view(B * T, count, shape.head_dim)
             qkv = qkv.view(B * T, -1)
-        q = torch.empty(B, shape.q_heads, T, shape.head_dim)
+        q = torch.empty(B, shape.q_heads, T, shape.head_dim, dtype=cache.dtype)  # the cache's
         ops.rope_kv_write(qkv.view(B, T, heads, shape.head_dim), cos, sin_signed, positions, slots,
                           cache[index], q)
         attended = ops.decode_attention(q, cache[index], read_len, mask, BF16)
@@ -126,6 +126,21 @@ def test_one_call_is_its_kernels_one_by_one_bit_for_bit(batch, tokens, masked, p
     assert torch.equal(args["cache"], want_args["cache"])  # the same K and V written
 
 
+@pytest.mark.parametrize("batch,tokens,masked", [(1, 1, False), (2, 3, True), (1, 5, True)])
+def test_a_bf16_cache_gives_the_bits_of_a_float32_cache(batch, tokens, masked):
+    """A bf16 model's K and V are bf16 values, so a bf16 cache holding the committed slots'
+    values leaves h, the saved layers and the new K and V bit for bit as a float32 cache does."""
+    g, shape, args = a_pass(batch * 7 + tokens, batch=batch, tokens=tokens, masked=masked)
+    layers = random_layers(shape, 3, g, pairs=True, bias=True)
+    args["cache"] = args["cache"].to(BF16).float()  # committed slots: bf16 values
+    narrow_args = {**args, "h": args["h"].clone(), "cache": args["cache"].to(BF16)}
+    wide_h, wide_saved = DecoderLayers(shape, layers)(**args, saved_layers=[1])
+    narrow_h, narrow_saved = DecoderLayers(shape, layers)(**narrow_args, saved_layers=[1])
+    assert torch.equal(narrow_h.view(torch.int16), wide_h.view(torch.int16))
+    assert torch.equal(narrow_saved[1].view(torch.int16), wide_saved[1].view(torch.int16))
+    assert torch.equal(narrow_args["cache"].float(), args["cache"])  # the same K and V written
+
+
 def test_a_layer_without_an_input_norm_multiplies_h_itself():
     """EAGLE's drafter layer (its input norm an Identity)."""
     g, shape, args = a_pass(3, batch=2, tokens=3, masked=True)
@@ -178,7 +193,7 @@ def bad_call(name: str, args: dict) -> dict:
     elif name == "sin_signed":
         args["sin_signed"] = args["sin_signed"][:5].contiguous()
     elif name == "cache":
-        args["cache"] = args["cache"].to(BF16)
+        args["cache"] = args["cache"].to(torch.float16)
     elif name == "read_len":
         args["read_len"] = 1000
     elif name == "mask":

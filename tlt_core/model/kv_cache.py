@@ -14,10 +14,11 @@ Host mirror: `host_lengths` holds the same lengths on the host (a NumPy array, S
 keeps it; a caller that knows the counts it commits passes them (`host=`), else the method
 reads them back once. Code that writes `lengths` directly must say so with `set_lengths`.
 
-Its dtype (`cache_dtype`) is the weights' except for bf16/fp16 weights on the CPU, whose cache is
-float32: attention then runs in ATen's float32 kernel, about 7x faster than the CPU's bf16 one
-at SmolLM2-135M's decoding shapes (`python bench/profile_step.py --model DIR`), and the cache
-is read as stored, without a conversion per layer.
+Its dtype (`cache_dtype`) is the weights' except for float16 weights on the CPU, whose cache is
+float32 (the CPU's RoPE and attention kernels take float32 and bfloat16). A bf16 model's keys
+and values are bf16 values (its projections and RoPE round to bf16), so a bf16 cache holds them
+exactly, and the attention kernel (tlt_core.ops.attention) widens each element as it loads it:
+the bits of a float32 cache, for half the memory and half the bytes each step reads.
 """
 
 from __future__ import annotations
@@ -31,9 +32,16 @@ import torch
 import tlt_core.ops as ops
 
 
+# False: a float32 cache for bf16 weights on the CPU too (the same bits for twice the bytes: what
+# bench/kv_cache_dtype.py compares)
+BF16_CACHE_ON_CPU = True
+
+
 def cache_dtype(weight_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
     """The KV cache's dtype for weights of `weight_dtype` on `device` (module docstring)."""
-    if torch.device(device).type == "cpu" and weight_dtype in (torch.bfloat16, torch.float16):
+    if torch.device(device).type == "cpu" and (
+            weight_dtype == torch.float16
+            or (weight_dtype == torch.bfloat16 and not BF16_CACHE_ON_CPU)):
         return torch.float32
     return weight_dtype
 

@@ -384,10 +384,11 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
     else:
         cos, sin_signed = layers.rope(rotary, positions, plan.read_len, h.dtype)  # (B, T, 1, d)
         rows = torch.arange(B, device=h.device)[:, None]  # (B, 1)
-    # Attention over a float32 cache on the CPU: one kernel call a layer that reads q as the
-    # RoPE kernel wrote it and writes what the o projection reads (tlt_core.ops.attention)
+    # Attention over a float32 or bf16 cache on the CPU: one kernel call a layer that reads q as
+    # the RoPE kernel wrote it and writes what the o projection reads (tlt_core.ops.attention)
     attend = (ops.DecodeAttention(q, plan.mask, plan.read_len, H_kv, h.dtype)
-              if fused and ATTENTION_KERNEL and cache_dtype == torch.float32 else None)
+              if fused and ATTENTION_KERNEL and cache_dtype in (torch.float32, torch.bfloat16)
+              else None)
     # bf16 on the CPU: each RMSNorm, with the residual add before it, in one kernel call
     # (tlt_core.ops.rms_norm); elsewhere tensor ops (a GPU replays the pass as a CUDA graph)
     norm_kernel = RMS_NORM_KERNEL and h.device.type == "cpu" and h.dtype == torch.bfloat16
@@ -424,8 +425,8 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
                                                       else new_kv.to(cache_dtype))
             q = qkv[:, :, :H_q].transpose(1, 2)  # (B, H_q, T, d)
             q = q if same_dtype else q.to(cache_dtype)
-        # Attention in the cache's dtype (kv_cache.cache_dtype: float32 for a half-precision
-        # model on the CPU), so the cache is read as stored; only q and the output convert.
+        # Attention in the cache's dtype (kv_cache.cache_dtype), so the cache is read as stored;
+        # only q and the output convert where it differs from the model's.
         if attend is not None:
             out = attend(layer_kv)  # (B T, H_q d)
         else:
@@ -457,12 +458,12 @@ def run_layers(layers: PackedLayers, h: torch.Tensor, positions: torch.Tensor, r
 
 
 def _whole_pass_kernel(h: torch.Tensor, cache: torch.Tensor, rows: int) -> bool:
-    """Whether a pass may run as tlt_core.ops.decoder_layers: bf16 on the CPU over the float32
-    cache, each kernel the layers call switched on, at most PANEL_MAX_ROWS rows (wider products
+    """Whether a pass may run as tlt_core.ops.decoder_layers: bf16 on the CPU over a float32 or
+    bf16 cache, each kernel the layers call switched on, at most PANEL_MAX_ROWS rows (wider products
     go to the wide pack)."""
     return (DECODER_LAYERS_KERNEL and ROPE_KV_KERNEL and ATTENTION_KERNEL and RMS_NORM_KERNEL
             and SILU_MUL_KERNEL and h.dtype == torch.bfloat16 and h.device.type == "cpu"
-            and cache.dtype == torch.float32 and rows <= PANEL_MAX_ROWS)
+            and cache.dtype in (torch.float32, torch.bfloat16) and rows <= PANEL_MAX_ROWS)
 
 
 def _joined_matmul(x: torch.Tensor, weights: torch.Tensor | tuple[torch.Tensor, ...],

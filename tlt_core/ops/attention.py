@@ -6,9 +6,11 @@ PyTorch's scaled_dot_product_attention costs a small model about 60 us a layer o
 project's CPUs for a few hundred thousand multiply-adds, and its (B, H_q, T, d) output then
 needs a transpose, a copy and a narrowing before the o projection. Each query's bits here
 depend only on its own q and the slots it sees, so a token verified inside a draft tree gets
-the bits it would get decoded alone. Float32 cache (the CPU's, for float32 and bf16 models:
-tlt_core.model.kv_cache.cache_dtype); output float32 or bfloat16. CPU tensors only: on a GPU
-the passes replay as CUDA graphs.
+the bits it would get decoded alone. The cache float32 or bfloat16 (the model's dtype on the
+CPU: tlt_core.model.kv_cache.cache_dtype), q of the cache's dtype, each bfloat16 element widened
+exactly (a bfloat16 cache gives the bits a float32 one holding the same values gives, for half
+the bytes read); output float32 or bfloat16. CPU tensors only: on a GPU the passes replay as
+CUDA graphs.
 
 `DecodeAttention` is the kernel for a whole pass: q, the mask and the output's dtype are
 checked once, each layer's call checks only its cache planes.
@@ -32,8 +34,8 @@ def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,
                      mask: torch.Tensor | None = None,
                      out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """softmax(q K^T / sqrt(d)) V over the first `slots` slots of cache_kv, for q (B, H_q, T,
-    d) float32 contiguous and cache_kv (2, B, H_kv, max_len, d) float32 (one layer's keys and
-    values; any strided view whose slots are dense rows of d); query head h reads KV head
+    d) contiguous and cache_kv (2, B, H_kv, max_len, d) (one layer's keys and values; any
+    strided view whose slots are dense rows of d), both float32 or both bfloat16; query head h reads KV head
     h // (H_q / H_kv). mask: None (every query sees every slot read) or bool (B or 1, 1, T or
     1, slots), True where the query sees the slot (what scaled_dot_product_attention's
     attn_mask means). Returns (B T, H_q d) of out_dtype (float32 or bfloat16): row b T + t holds
@@ -59,9 +61,9 @@ class DecodeAttention:
         if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.layout != torch.strided:
             raise ValueError(f"q: expected a 4-D strided torch tensor (B, H_q, T, d), got "
                              f"{described(q)}")
-        if q.device.type != "cpu" or q.dtype != torch.float32:
-            raise ValueError(f"q: decode_attention runs on float32 CPU tensors (on a GPU the "
-                             f"passes are CUDA graphs), got {described(q)}")
+        if q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"q: decode_attention runs on float32 or bfloat16 CPU tensors (on "
+                             f"a GPU the passes are CUDA graphs), got {described(q)}")
         arr.require_contiguous(q, "q")
         B, H_q, T, d = q.shape
         if min(H_q, T, d) < 1:
@@ -88,6 +90,8 @@ class DecodeAttention:
         self.kv_heads, self.slots, self.out_dtype = kv_heads, slots, out_dtype
         self._held = q, mask  # what the kernel reads
         self._args = (q.data_ptr(), B, H_q, T, d)
+        self._kv_dtype = q.dtype  # the cache's, which q shares
+        self._element = q.element_size()
         self._mask = (0 if mask is None else mask.data_ptr(), *mask_strides)
         self._scale = 1.0 / math.sqrt(d)
         self._cache_heads, self._head_dim, self._dense = (2, B, kv_heads), d, (d, 1)
@@ -97,18 +101,19 @@ class DecodeAttention:
         # one comparison per property: a pass makes this call once a layer
         try:
             shape, strides = cache_kv.shape, cache_kv.stride()
-            good = (cache_kv.dtype == torch.float32 and shape[:3] == self._cache_heads
+            good = (cache_kv.dtype == self._kv_dtype and shape[:3] == self._cache_heads
                     and shape[4] == self._head_dim and strides[3:] == self._dense
                     and shape[3] >= self.slots and not cache_kv.is_cuda)
         except (AttributeError, IndexError, TypeError, RuntimeError):  # not a strided tensor
             good = False
         if not good or cache_kv.device.type != "cpu":
-            raise ValueError(f"cache_kv: expected a CPU float32 view of shape "
-                             f"{self._cache_heads + ('>= ' + str(self.slots), self._head_dim)} "
-                             f"with dense slots, got {described(cache_kv)}")
+            expected = self._cache_heads + (f">= {self.slots}", self._head_dim)
+            raise ValueError(f"cache_kv: expected a CPU {self._kv_dtype} view (q's dtype) of "
+                             f"shape {expected} with dense slots, got {described(cache_kv)}")
         out = torch.empty(self._out_shape, dtype=self.out_dtype)
         keys = cache_kv.data_ptr()
-        _C.decode_attention(*self._args, keys, keys + 4 * strides[0], self.kv_heads, strides[1],
+        _C.decode_attention(*self._args, keys, keys + self._element * strides[0],
+                            FLOAT_TYPE_CODES[self._kv_dtype], self.kv_heads, strides[1],
                             strides[2], shape[3], self.slots, *self._mask, self._scale,
                             out.data_ptr(), self._out_type)
         return out

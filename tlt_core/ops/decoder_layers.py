@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from tlt_core import _C
-from tlt_core.ops._cpu_tensors import described
+from tlt_core.ops._cpu_tensors import FLOAT_TYPE_CODES, described
 from tlt_core.ops.panel_matmul import panel_shape
 
 
@@ -108,7 +108,8 @@ class DecoderLayers:
         """The layers over h (R, H) bfloat16, updated in place and returned with {layer: its
         output (R, H)} for saved_layers. positions, slots (B, T) int64: each new token's RoPE
         position (a row of cos / sin_signed (P, d) bfloat16: rope.h) and the cache slot its K
-        and V go to. cache (L, 2, B, H_kv, max_len, d) float32, slots dense rows of d. mask and
+        and V go to. cache (L, 2, B, H_kv, max_len, d) float32 or bfloat16, slots dense rows of
+        d. mask and
         read_len: decode_attention's (None: every query sees slots [0, read_len))."""
         shape = self.shape
         for name, tensor in (("h", h), ("positions", positions), ("slots", slots),
@@ -128,11 +129,11 @@ class DecoderLayers:
         _check(cos, "cos", (None, shape.head_dim))
         _check(sin_signed, "sin_signed", tuple(cos.shape))
         d, layers = shape.head_dim, len(self._held)
-        if (cache.dim() != 6 or cache.dtype != torch.float32 or cache.device.type != "cpu"
-                or cache.shape[0] < layers or cache.shape[1:3] != (2, B)
-                or cache.shape[3] != shape.kv_heads or cache.shape[5] != d
-                or cache.stride()[4:] != (d, 1) or min(cache.stride()) < 0):
-            raise ValueError(f"cache: expected a CPU float32 view ({layers}, 2, {B}, "
+        if (cache.dim() != 6 or cache.dtype not in (torch.float32, torch.bfloat16)
+                or cache.device.type != "cpu" or cache.shape[0] < layers
+                or cache.shape[1:3] != (2, B) or cache.shape[3] != shape.kv_heads
+                or cache.shape[5] != d or cache.stride()[4:] != (d, 1) or min(cache.stride()) < 0):
+            raise ValueError(f"cache: expected a CPU float32 or bfloat16 view ({layers}, 2, {B}, "
                              f"{shape.kv_heads}, max_len, {d}) with dense slots, got "
                              f"{described(cache)}")
         max_len = cache.shape[4]
@@ -156,9 +157,9 @@ class DecoderLayers:
                 raise ValueError(f"saved_layers: {layer!r} is not a layer index in [0, {layers})")
             saved[layer] = torch.empty_like(h)
         strides = cache.stride()
-        self._kernel.run(h.data_ptr(), B, T, cache.data_ptr(), strides[0], strides[1],
-                         strides[2], strides[3], max_len, cos.data_ptr(), sin_signed.data_ptr(),
-                         cos.shape[0], positions.data_ptr(), slots.data_ptr(), *mask_args,
+        self._kernel.run(h.data_ptr(), B, T, cache.data_ptr(), FLOAT_TYPE_CODES[cache.dtype],
+                         strides[0], strides[1], strides[2], strides[3], max_len,
+                         cos.data_ptr(), sin_signed.data_ptr(), cos.shape[0], positions.data_ptr(), slots.data_ptr(), *mask_args,
                          read_len, [(layer, out.data_ptr()) for layer, out in saved.items()])
         return h, saved
 

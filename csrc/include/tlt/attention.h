@@ -4,7 +4,8 @@
 // thousand multiply-adds. It writes the output in the layout the o projection reads, so the
 // transpose, copy and narrowing after attention go too.
 //
-// q[B, H_q, T, d] float32 (the layout rope.h writes); the cache's K and V float32, element
+// q[B, H_q, T, d] (the layout rope.h writes) and the cache's K and V in kv_type, float32 or
+// bfloat16 (each bfloat16 element widened exactly to float32 before any arithmetic); element
 // (b, g, s, i) at b * row_stride + g * head_stride + s * d + i (the head-major cache [.., B,
 // H_kv, max_len, d]); slots S <= max_len read. Query head h reads KV head h / (H_q / H_kv)
 // (grouped-query attention). mask: null (every query sees slots [0, S)), or bytes where
@@ -29,7 +30,8 @@
 //
 // Checked before anything is written (std::invalid_argument naming the argument): sizes >= 1
 // (B may be 0), H_q a multiple of H_kv, 1 <= S <= max_len, non-negative strides (K and V are
-// only read, so views that overlap are fine), a finite scale, out's type float32 or bfloat16.
+// only read, so views that overlap are fine), a finite scale, out's type float32 or bfloat16,
+// kv_type float32 or bfloat16.
 #pragma once
 
 #include <cstdint>
@@ -38,10 +40,10 @@
 
 namespace tlt {
 
-void decode_attention_cpu(const float* q, int64_t batch, int64_t q_heads, int64_t tokens,
-                          int64_t head_dim, const float* cache_k, const float* cache_v,
-                          int64_t kv_heads, int64_t row_stride, int64_t head_stride,
-                          int64_t max_len, int64_t slots, const uint8_t* mask,
+void decode_attention_cpu(const void* q, int64_t batch, int64_t q_heads, int64_t tokens,
+                          int64_t head_dim, const void* cache_k, const void* cache_v,
+                          FloatType kv_type, int64_t kv_heads, int64_t row_stride,
+                          int64_t head_stride, int64_t max_len, int64_t slots, const uint8_t* mask,
                           int64_t mask_batch_stride, int64_t mask_token_stride, float scale,
                           void* out, FloatType out_type);
 

@@ -26,6 +26,8 @@
 
 #include <cstdint>
 
+#include "tlt/common.h"
+
 namespace tlt {
 
 // A weight matrix as panel_matmul.h takes it: in_features from the layer's shapes.
@@ -54,8 +56,10 @@ struct DecoderLayerBf16 {
 struct DecoderStep {
   int64_t batch, tokens;  // B, T
   int64_t hidden, q_heads, kv_heads, head_dim, intermediate;  // H, H_q, H_kv, d, I
-  // The float32 KV cache [L, 2, B, H_kv, max_len, d] in elements; slots dense rows of d.
-  float* cache;
+  // The KV cache [L, 2, B, H_kv, max_len, d], float32 or bfloat16 (cache_type), strides in
+  // elements; slots dense rows of d.
+  void* cache;
+  FloatType cache_type;
   int64_t layer_stride, plane_stride, row_stride, head_stride, max_len;
   const uint16_t* cos;         // [table_len, d] (rope.h)
   const uint16_t* sin_signed;  // [table_len, d]
