@@ -8,6 +8,10 @@ included, at T = 0 and T = 1."""
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +22,10 @@ from tlt_core.drafting.sampled_chain import SampledChain
 from tlt_core.drafting.tree import Strategy
 from tlt_core.engine import EngineConfig, Request, RolloutEngine, SamplingParams
 from tlt_core.model.kv_cache import cache_dtype
+from tests.cli_fixtures import tiny_checkpoint
 from tests.speculative_fixtures import PROMPTS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_cpu_cache_dtype_follows_the_weights():
@@ -54,3 +61,22 @@ def test_an_engine_decodes_the_same_bits_with_a_bf16_cache(target, drafter, plan
     for narrow, wide in zip(runs[True], runs[False]):
         assert narrow.tokens.tolist() == wide.tokens.tolist()
         assert torch.equal(narrow.logprobs, wide.logprobs)
+
+
+def test_the_bench_times_both_caches_on_a_tiny_checkpoint(tmp_path):
+    """bench/kv_cache_dtype.py: a row per (batch, context, plan), both caches timed, the same
+    tokens decoded (it raises otherwise), SD's speedup given under each cache."""
+    model, drafter = tiny_checkpoint(tmp_path, with_drafter=True)
+    out = tmp_path / "kv.json"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "kv_cache_dtype.py"), "--model",
+                    str(model), "--drafter", str(drafter), "--strategy", "s2", "--batch", "1,2",
+                    "--context", "20", "--tokens", "4", "--reps", "1", "--json", str(out)],
+                   check=True, cwd=ROOT, timeout=600)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["batch"], r["context"], r["plan"]) for r in rows] == [
+        (1, 20, "plain"), (1, 20, "sampled(2)"), (2, 20, "plain"), (2, 20, "sampled(2)")]
+    for row in rows:
+        assert row["ms_per_token_float32"] > 0 and row["ms_per_token_bfloat16"] > 0
+        assert row["speedup_bf16_cache"] == (row["ms_per_token_float32"]
+                                             / row["ms_per_token_bfloat16"])
+        assert ("sd_speedup_float32" in row) == (row["plan"] != "plain")
