@@ -155,6 +155,16 @@ def test_bad_workload_and_trace_file_are_named(tmp_path, capsys):
         main(["bench", "train", "--workload", "trace", "--trace-sigma", "-1"])
 
 
+def test_the_runs_learning_rate_can_be_set_and_a_bad_value_is_named():
+    """--lr: a pre-trained model's runs at its own rate, not the embedded model's default."""
+    assert TrainOptions(lr=1e-5).train_config().lr == 1e-5
+    assert TrainOptions().train_config().lr == TrainConfig().lr
+    with pytest.raises(ValueError, match="^lr"):
+        TrainOptions(lr=-1.0).train_config()
+    with pytest.raises(SystemExit, match="--lr"):
+        main(["bench", "train", "--lr", "-1"])
+
+
 def test_the_runs_engine_rows_can_be_set_and_a_bad_value_is_named():
     """--max-batch sizes each run's engine (its KV cache: the three runs hold theirs at once)."""
     assert TrainOptions(max_batch=16).train_config().max_batch == 16

@@ -88,6 +88,10 @@ class TrainOptions(TraceOptions):
     max_batch: int | None = option("engine rows of each run (default: TrainConfig's); the three "
                                    "runs hold their KV caches at once, so long responses may "
                                    "need fewer rows to fit in memory", None, metavar="N")
+    lr: float | None = option("AdamW learning rate of each run (default: TrainConfig's 2e-4, "
+                              "which suits the embedded model; a pre-trained LLM wants about "
+                              "1e-6 to 1e-5, and a faster-moving policy leaves its drafter "
+                              "behind sooner)", None, metavar="LR")
     sampled_drafts: bool = option("TLT's adaptive plans are sampled chains (at T > 0)", False)
     plans_from: Path | None = option("TLT's adaptive plans from a `tlt bench speculative --json` "
                                      "file: of its rows at the runs' temperature (T = 1), the "
@@ -109,9 +113,9 @@ class TrainOptions(TraceOptions):
             raise ValueError("trace_file: lengths for the trace workload; add --workload trace")
 
     def train_config(self) -> TrainConfig:
-        """The runs' TrainConfig: TrainConfig's defaults with the sizes given here."""
+        """The runs' TrainConfig: TrainConfig's defaults with the sizes and lr given here."""
         sizes = {name: getattr(self, name) for name in ("prompts_per_step", "samples_per_prompt",
-                                                         "max_new_tokens", "max_batch")
+                                                         "max_new_tokens", "max_batch", "lr")
                  if getattr(self, name) is not None}
         return TrainConfig(steps=self.steps, sampled_drafts=self.sampled_drafts,
                            plans_from=self.plans_from, calibration_cache=self.calibration_cache,
