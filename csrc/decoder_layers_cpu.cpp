@@ -132,9 +132,9 @@ void decoder_layers_bf16_cpu(const DecoderLayerBf16* layers, int64_t num_layers,
                       keys, values, s.cache_type, s.row_stride, s.head_stride, s.max_len,
                       work.q.data());
     decode_attention_cpu(work.q.data(), s.batch, s.q_heads, s.tokens, d, keys, values,
-                         s.cache_type, s.kv_heads, s.row_stride, s.head_stride, s.max_len, s.read_len, s.mask,
-                         s.mask_batch_stride, s.mask_token_stride, scale, work.attended.data(),
-                         FloatType::kBFloat16);
+                         s.cache_type, s.kv_heads, s.row_stride, s.head_stride, s.max_len,
+                         s.read_len, s.mask, s.mask_batch_stride, s.mask_token_stride, scale,
+                         work.attended.data(), FloatType::kBFloat16);
     product(work.attended.data(), rows, q_width, layer.o, h, h);
     add_rms_norm_bf16_cpu(h, nullptr, layer.post_attention_norm, rows, H,
                           layer.post_attention_eps, h, work.normed.data());

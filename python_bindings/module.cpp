@@ -262,7 +262,8 @@ void decode_attention(uintptr_t q, int64_t batch, int64_t q_heads, int64_t token
                       int64_t mask_token_stride, float scale, uintptr_t out, int32_t out_type) {
   tlt::decode_attention_cpu(ptr<const void>(q), batch, q_heads, tokens, head_dim,
                             ptr<const void>(cache_k), ptr<const void>(cache_v),
-                            static_cast<tlt::FloatType>(kv_type), kv_heads, row_stride, head_stride, max_len, slots, ptr<const uint8_t>(mask),
+                            static_cast<tlt::FloatType>(kv_type), kv_heads, row_stride,
+                            head_stride, max_len, slots, ptr<const uint8_t>(mask),
                             mask_batch_stride, mask_token_stride, scale, ptr<void>(out),
                             static_cast<tlt::FloatType>(out_type));
 }

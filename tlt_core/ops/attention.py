@@ -35,9 +35,9 @@ def decode_attention(q: torch.Tensor, cache_kv: torch.Tensor, slots: int,
                      out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """softmax(q K^T / sqrt(d)) V over the first `slots` slots of cache_kv, for q (B, H_q, T,
     d) contiguous and cache_kv (2, B, H_kv, max_len, d) (one layer's keys and values; any
-    strided view whose slots are dense rows of d), both float32 or both bfloat16; query head h reads KV head
-    h // (H_q / H_kv). mask: None (every query sees every slot read) or bool (B or 1, 1, T or
-    1, slots), True where the query sees the slot (what scaled_dot_product_attention's
+    strided view whose slots are dense rows of d), both float32 or both bfloat16; query head h
+    reads KV head h // (H_q / H_kv). mask: None (every query sees every slot read) or bool (B or
+    1, 1, T or 1, slots), True where the query sees the slot (what scaled_dot_product_attention's
     attn_mask means). Returns (B T, H_q d) of out_dtype (float32 or bfloat16): row b T + t holds
     query t of row b, heads side by side. A query that sees no slot gets zeros."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:

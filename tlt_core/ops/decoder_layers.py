@@ -159,8 +159,9 @@ class DecoderLayers:
         strides = cache.stride()
         self._kernel.run(h.data_ptr(), B, T, cache.data_ptr(), FLOAT_TYPE_CODES[cache.dtype],
                          strides[0], strides[1], strides[2], strides[3], max_len,
-                         cos.data_ptr(), sin_signed.data_ptr(), cos.shape[0], positions.data_ptr(), slots.data_ptr(), *mask_args,
-                         read_len, [(layer, out.data_ptr()) for layer, out in saved.items()])
+                         cos.data_ptr(), sin_signed.data_ptr(), cos.shape[0],
+                         positions.data_ptr(), slots.data_ptr(), *mask_args, read_len,
+                         [(layer, out.data_ptr()) for layer, out in saved.items()])
         return h, saved
 
 
