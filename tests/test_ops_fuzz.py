@@ -646,11 +646,13 @@ def fuzz_decode_attention(data) -> bool:
     tokens, d = data.draw(st.integers(1, 3)), data.draw(st.sampled_from([1, 3, 8, 16]))
     max_len = data.draw(st.integers(1, 80))  # past 64 slots: a second chunk
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
-    float_dtypes = [torch.float32] * 9 + ALL_DTYPES
+    # q and the cache share a dtype: float32, or a bf16 model's bfloat16 (widened in the kernel)
+    kv_dtype = data.draw(st.sampled_from([torch.float32] * 3 + [torch.bfloat16]))
+    float_dtypes = [kv_dtype] * 9 + ALL_DTYPES
 
     def tensor(shape):
         values = objects(torch.randn(shape, generator=g).tolist()).reshape(shape)
-        array = draw_array(data, values, torch.float32, SPECIAL_FLOATS, dtypes=float_dtypes)
+        array = draw_array(data, values, kv_dtype, SPECIAL_FLOATS, dtypes=float_dtypes)
         # mostly a torch tensor, the only kind this op takes: its checks past the first run
         if isinstance(array, np.ndarray) and data.draw(st.integers(0, 3)):
             array = torch.from_numpy(array)
