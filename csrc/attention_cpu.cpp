@@ -289,8 +289,8 @@ inline float widen(float value) { return value; }
 inline float widen(uint16_t value) { return cpu::bfloat16_to_float(value); }
 
 // A task's queries: for query j, the slots it sees (seen[j S ..]), their scores and then
-// weights (p[j S ..]), its running sums of V (sums[j d ..]) and, from a bfloat16 q, q widened
-// (queries[j d ..]).
+// weights (p[j S ..]), its running sums of V (sums[j d ..]) and, from a bfloat16 q only, q
+// widened (queries[j d ..], grown where attend_block widens it).
 struct Scratch {
   std::vector<int64_t> seen, count, cursor;
   std::vector<float> p, top, total, sums, queries;
@@ -302,7 +302,6 @@ struct Scratch {
     grow(seen, queries * slots);
     grow(p, queries * slots);
     grow(sums, queries * d);
-    grow(this->queries, queries * d);
     for (auto* buffer : {&count, &cursor}) grow(*buffer, queries);
     for (auto* buffer : {&top, &total}) grow(*buffer, queries);
   }
@@ -328,6 +327,8 @@ void attend_block(const Problem& pb, int64_t b, int64_t g, int64_t j0, int64_t j
     return ((b * pb.q_heads + g * pb.group + (j0 + j) / T) * T + (j0 + j) % T) * d;
   };
   if constexpr (std::is_same_v<E, uint16_t>) {
+    if (static_cast<int64_t>(scratch.queries.size()) < queries * d)
+      scratch.queries.resize(queries * d);
     for (int64_t j = 0; j < queries; ++j) {
       const uint16_t* q = static_cast<const uint16_t*>(pb.q) + q_offset(j);
       for (int64_t i = 0; i < d; ++i) scratch.queries[j * d + i] = cpu::bfloat16_to_float(q[i]);

@@ -53,7 +53,8 @@ void check_layer(const DecoderLayerBf16& layer, const DecoderStep& s) {
 // The calling thread's activations between kernels, grown as needed.
 struct Workspace {
   std::vector<uint16_t> normed, qkv, attended, gate_up, act, heads;
-  std::vector<float> q;  // as rope_kv_write lays it out, in the cache's type (uint16_t: bf16)
+  // q as rope_kv_write lays it out, in the cache's type (a bfloat16 q fills its first half)
+  std::vector<float> q;
 };
 
 // count heads of d values at `heads`, each RMSNormed with `weight` in place (through `scratch`:
@@ -100,9 +101,8 @@ void decoder_layers_bf16_cpu(const DecoderLayerBf16* layers, int64_t num_layers,
   thread_local Workspace work;
   work.normed.resize(rows * H);
   work.qkv.resize(rows * qkv_width);
-  const bool bf16_cache = s.cache_type == FloatType::kBFloat16;
-  const int64_t element = bf16_cache ? 2 : 4;  // the cache's bytes per element
-  work.q.resize((rows * q_width * element + 3) / 4);
+  work.q.resize(rows * q_width);
+  const int64_t element = s.cache_type == FloatType::kBFloat16 ? 2 : 4;  // the cache's bytes
   work.attended.resize(rows * q_width);
   work.gate_up.resize(rows * 2 * s.intermediate);
   work.act.resize(rows * s.intermediate);

@@ -109,8 +109,7 @@ class DecoderLayers:
         output (R, H)} for saved_layers. positions, slots (B, T) int64: each new token's RoPE
         position (a row of cos / sin_signed (P, d) bfloat16: rope.h) and the cache slot its K
         and V go to. cache (L, 2, B, H_kv, max_len, d) float32 or bfloat16, slots dense rows of
-        d. mask and
-        read_len: decode_attention's (None: every query sees slots [0, read_len))."""
+        d. mask and read_len: decode_attention's (None: every query sees slots [0, read_len))."""
         shape = self.shape
         for name, tensor in (("h", h), ("positions", positions), ("slots", slots),
                              ("cache", cache), ("cos", cos), ("sin_signed", sin_signed)):
